@@ -1,0 +1,312 @@
+"""Budget beside measurement, in MLflow: the names, the chart, the table, the verdict.
+
+Every budget line is logged as `budget/<line>` (GiB) before training starts. After the
+run, every figure measured for the same line is logged as `measured/<line>`, with
+`diff/<line>` (measured - budget, GiB) and `rel_error/<line>`. Figures with no budget
+line (the resident set on a CPU, the torch allocator's peak) keep names of their own
+and are listed as unpaired; budget lines nothing could measure are listed too. The
+chart and the table land in the run's artifacts, the verdict in its description.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grpolab.probe import GIB, MEMORY_LABELS, MemoryProbe, model_bytes_by_kind
+
+# Lines the lab measures, and how, for the notes in the table.
+HOW_MEASURED = {
+    "base_weights": "sum of the base model's tensors: packed 4-bit weights + quant_state constants + 16-bit layers",
+    "lora_params": "sum of the LoRA A/B tensors",
+    "lora_grads": "sum of .grad tensors just before the optimizer step (largest step)",
+    "optimizer_states": "sum of the optimizer's per-parameter state tensors after a step",
+    "cuda_context": "NVML process memory before the first tensor, minus torch's reservation",
+    "kv_cache": "vLLM's cache_config.num_gpu_blocks x block_size x bytes per token",
+    "total": "GPU: NVML process peak (sampled); CPU: sum of the paired lines",
+}
+
+
+@dataclass
+class Comparison:
+    """The two columns side by side."""
+
+    budget: dict[str, int]  # line -> bytes
+    measured: dict[str, int]  # line -> bytes, only for lines that exist in the budget
+    unpaired_measured: dict[str, int] = field(default_factory=dict)
+    formulas: dict[str, str] = field(default_factory=dict)
+    total_budget: int = 0
+    total_measured: int = 0
+    total_label: str = ""
+
+    @property
+    def paired(self) -> list[str]:
+        return [name for name in self.budget if name in self.measured]
+
+    @property
+    def unmeasured(self) -> list[str]:
+        return [name for name in self.budget if name not in self.measured]
+
+    def diff(self, name: str) -> int:
+        return self.measured[name] - self.budget[name]
+
+    def rel_error(self, name: str) -> float:
+        return self.diff(name) / self.budget[name] if self.budget[name] else 0.0
+
+    @property
+    def total_rel_error(self) -> float:
+        return (self.total_measured - self.total_budget) / self.total_budget if self.total_budget else 0.0
+
+    def worst_line(self) -> str | None:
+        """The paired line whose measurement exceeds its budget by the most bytes (or misses least)."""
+        return max(self.paired, key=self.diff, default=None)
+
+    def verdict(self) -> str:
+        held = self.total_measured <= self.total_budget
+        worst = self.worst_line()
+        worst_text = (
+            f"; the line that missed most: {worst} ({self.diff(worst) / GIB:+.3f} GiB, {self.rel_error(worst):+.1%})"
+            if worst
+            else ""
+        )
+        return (
+            f"The budget {'held' if held else 'did not hold'}: measured {self.total_measured / GIB:.3f} GiB "
+            f"vs budgeted {self.total_budget / GIB:.3f} GiB ({self.total_label}, {self.total_rel_error:+.1%})"
+            f"{worst_text}."
+        )
+
+
+# --- before training ---------------------------------------------------------------------------
+
+
+def log_budget(sheet) -> None:
+    """Every line as `budget/<line>` in GiB, the total and capacity, and the sheet as artifacts."""
+    import mlflow
+
+    metrics = {f"budget/{line.name}": line.bytes / GIB for line in sheet.lines}
+    metrics["budget/total"] = sheet.total_bytes / GIB
+    metrics["budget/capacity"] = sheet.capacity_bytes / GIB
+    mlflow.log_metrics(metrics, step=0)
+    mlflow.set_tag("budget_fits", str(sheet.fits))
+    mlflow.log_text(sheet.table(), "budget/sheet.txt")
+    mlflow.log_dict(sheet.to_dict(), "budget/sheet.json")
+
+
+# --- after training ----------------------------------------------------------------------------
+
+
+def measure_lines(probe: MemoryProbe, callback, trainer) -> dict[str, int]:
+    """What could be measured of each budget line, in bytes."""
+    measured: dict[str, int] = {}
+    if trainer is not None:
+        measured.update(model_bytes_by_kind(trainer.model))
+    measured.update(callback.measured)
+    if probe.context_bytes is not None:
+        measured["cuda_context"] = probe.context_bytes
+    if trainer is not None:
+        from grpolab.policy import vllm_kv_cache_bytes
+
+        kv = vllm_kv_cache_bytes(trainer.model)
+        if kv:
+            measured["kv_cache"] = kv["kv_cache_bytes"]
+    return measured
+
+
+def compare(sheet, measured: dict[str, int], probe: MemoryProbe) -> Comparison:
+    budget = {line.name: int(line.bytes) for line in sheet.lines}
+    comparison = Comparison(
+        budget=budget,
+        measured={k: v for k, v in measured.items() if k in budget},
+        unpaired_measured={k: v for k, v in measured.items() if k not in budget},
+        formulas={line.name: line.formula for line in sheet.lines},
+    )
+    if probe.device == "cuda":
+        # The whole process on the card against the whole sheet.
+        comparison.total_budget = int(sheet.total_bytes)
+        comparison.total_measured = probe.process_peak_bytes
+        comparison.total_label = "NVML process peak vs sheet total"
+        comparison.unpaired_measured["torch_allocated_peak"] = probe.torch_peak_bytes()[0]
+    else:
+        # On a CPU the resident set holds Python and every library too: compare only the paired lines.
+        comparison.total_budget = sum(budget[k] for k in comparison.paired)
+        comparison.total_measured = sum(comparison.measured[k] for k in comparison.paired)
+        comparison.total_label = "sum of the lines measured on CPU"
+        comparison.unpaired_measured["process_rss_peak"] = probe.process_peak_bytes
+    return comparison
+
+
+def log_measurement(sheet, probe: MemoryProbe, callback, trainer, status: str) -> Comparison:
+    """Log measured/<line>, diff/<line>, rel_error/<line>, totals, artifacts and the verdict."""
+    import mlflow
+
+    comparison = compare(sheet, measure_lines(probe, callback, trainer), probe)
+    metrics = dict(probe.summary())
+    for name in comparison.paired:
+        metrics[f"measured/{name}"] = comparison.measured[name] / GIB
+        metrics[f"diff/{name}"] = comparison.diff(name) / GIB
+        metrics[f"rel_error/{name}"] = comparison.rel_error(name)
+    for name, value in comparison.unpaired_measured.items():
+        metrics[f"measured_unpaired/{name}"] = value / GIB
+    metrics["measured/total"] = comparison.total_measured / GIB
+    metrics["budget/total_compared"] = comparison.total_budget / GIB
+    metrics["rel_error/total"] = comparison.total_rel_error
+    mlflow.log_metrics(metrics)
+    mlflow.set_tags(
+        {
+            "memory_labels": json.dumps(MEMORY_LABELS),
+            "budget_unmeasured_lines": ",".join(comparison.unmeasured) or "none",
+            "measured_unpaired": ",".join(comparison.unpaired_measured) or "none",
+            "mlflow.note.content": comparison.verdict()
+            + ("" if status == "FINISHED" else f" (run ended {status}: figures so far)"),
+        }
+    )
+    mlflow.log_text(comparison_table(comparison), "memory/budget_vs_measured.md")
+    mlflow.log_figure(comparison_chart(comparison, callback.step_peaks, sheet), "memory/budget_vs_measured.png")
+    return comparison
+
+
+def comparison_table(c: Comparison) -> str:
+    rows = [
+        "| line | formula | budget GiB | measured GiB | diff GiB | rel. error | how measured |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    for name, budget in c.budget.items():
+        if name in c.measured:
+            measured, diff, rel = (
+                f"{c.measured[name] / GIB:.4f}",
+                f"{c.diff(name) / GIB:+.4f}",
+                f"{c.rel_error(name):+.1%}",
+            )
+        else:
+            measured = diff = rel = "not measured"
+        formula = c.formulas.get(name, "").replace("|", "\\|")
+        rows.append(
+            f"| {name} | `{formula}` | {budget / GIB:.4f} | {measured} | {diff} | {rel} | {HOW_MEASURED.get(name, '')} |"
+        )
+    rows.append(
+        f"| **total** | {c.total_label} | {c.total_budget / GIB:.4f} | {c.total_measured / GIB:.4f} | "
+        f"{(c.total_measured - c.total_budget) / GIB:+.4f} | {c.total_rel_error:+.1%} | {HOW_MEASURED['total']} |"
+    )
+    if c.unpaired_measured:
+        rows += ["", "Measured with no budget line (never forced into a pair):", ""]
+        rows += [f"- {name}: {value / GIB:.4f} GiB" for name, value in c.unpaired_measured.items()]
+    return "\n".join([c.verdict(), "", *rows, ""])
+
+
+def comparison_chart(c: Comparison, step_peaks: list[tuple[int, int]], sheet):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (bars, curve) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
+    names = [*c.paired, "total"]
+    budget = [c.budget[n] / GIB for n in c.paired] + [c.total_budget / GIB]
+    measured = [c.measured[n] / GIB for n in c.paired] + [c.total_measured / GIB]
+    x = range(len(names))
+    bars.bar([i - 0.2 for i in x], budget, width=0.4, label="budget", color="#4c78a8")
+    bars.bar([i + 0.2 for i in x], measured, width=0.4, label="measured", color="#f58518")
+    bars.set_xticks(list(x), names, rotation=30, ha="right")
+    bars.set_ylabel("GiB")
+    bars.set_title("Budget vs measured, per line")
+    bars.legend()
+    if step_peaks:
+        steps, peaks = zip(*step_peaks, strict=True)
+        curve.plot(steps, [p / GIB for p in peaks], marker=".", label="process peak per step")
+    curve.axhline(sheet.total_bytes / GIB, color="#4c78a8", linestyle="--", label="budget total")
+    curve.set_xlabel("step")
+    curve.set_ylabel("GiB")
+    curve.set_title("Peak memory over the run")
+    curve.legend()
+    fig.tight_layout()
+    return fig
+
+
+# --- the adapter and the last words ------------------------------------------------------------
+
+
+def save_adapter(model, tokenizer, output_dir: Path) -> Path:
+    """Write the LoRA adapter under output_dir/adapter atomically: a folder appears whole or not at all."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    final = output_dir / "adapter"
+    staging = Path(tempfile.mkdtemp(prefix=".adapter-", dir=output_dir))
+    try:
+        model.save_pretrained(str(staging))
+        tokenizer.save_pretrained(str(staging))
+        if final.exists():
+            shutil.rmtree(final)
+        staging.rename(final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def peak_lines(probe: MemoryProbe) -> list[str]:
+    lines = []
+    if probe.device == "cuda":
+        allocated, _ = probe.torch_peak_bytes()
+        lines.append(f"Peak memory (NVML, whole process incl. vLLM and CUDA context): {probe.process_peak_bytes / GIB:.2f} GiB")
+        lines.append(f"Peak memory (torch allocator only, misses vLLM's pool): {allocated / GIB:.2f} GiB")
+    else:
+        lines.append(f"Peak memory (resident set of this process, CPU): {probe.process_peak_bytes / GIB:.2f} GiB")
+    return lines
+
+
+# --- when memory runs out ----------------------------------------------------------------------
+
+# The phase that ran out, mapped to the budget line that grows there, and what to lower.
+PHASE_LINES = {
+    "load": ("base_weights", "use a smaller model or a pre-quantized 4-bit checkpoint"),
+    "generate": ("kv_cache", "lower --num-generations or --max-completion-length, or gpu_memory_utilization"),
+    "train_step": ("train_activations", "lower --max-completion-length or --num-generations"),
+    "train": ("train_activations", "lower --max-completion-length or --num-generations"),
+}
+ADVICE = {
+    "base_weights": "use a smaller model or 4-bit weights",
+    "lora_params": "lower lora_rank",
+    "lora_grads": "lower lora_rank",
+    "optimizer_states": "use optimizer adamw_8bit or lower lora_rank",
+    "kv_cache": "lower --num-generations or --max-completion-length",
+    "generate_kv_cache": "lower --num-generations or --max-completion-length",
+    "train_activations": "lower --max-completion-length or --num-generations",
+    "logits": "lower --max-completion-length or --num-generations",
+    "cuda_context": "close other processes on the card",
+}
+
+
+def log_out_of_memory(sheet, probe: MemoryProbe, callback, trainer, error: BaseException) -> str:
+    """FAILED run's record of an out-of-memory error: peak, phase, offending line, snapshot; returns the next step."""
+    import mlflow
+
+    phase = probe.failed_phase or probe.current_phase
+    comparison = compare(sheet, measure_lines(probe, callback, trainer), probe)
+    exceeded = [n for n in comparison.paired if comparison.diff(n) > 0]
+    if exceeded:
+        line = max(exceeded, key=comparison.rel_error)
+    else:
+        line = PHASE_LINES.get(phase, ("train_activations", ""))[0]
+        if line not in comparison.budget and line == "kv_cache":
+            line = "generate_kv_cache"
+    advice = ADVICE.get(line, PHASE_LINES.get(phase, ("", "lower --num-generations"))[1])
+    peak = probe.process_peak_bytes
+    mlflow.log_metrics({**probe.summary(), "oom/peak_gib": peak / GIB})
+    for name in comparison.paired:
+        mlflow.log_metric(f"measured/{name}", comparison.measured[name] / GIB)
+    mlflow.set_tags(
+        {
+            "oom_phase": phase,
+            "oom_line": line,
+            "oom_error": str(error).splitlines()[0][:500] if str(error) else type(error).__name__,
+            "mlflow.note.content": (
+                f"Out of memory during {phase} at a peak of {peak / GIB:.2f} GiB; budget line most exceeded: "
+                f"{line}. Next step: {advice}."
+            ),
+        }
+    )
+    snapshot = probe.dump_snapshot()
+    if snapshot is not None:
+        mlflow.log_artifact(str(snapshot), artifact_path="memory")
+    return f"out of memory during {phase} at {peak / GIB:.2f} GiB (budget line most exceeded: {line}): {advice}"

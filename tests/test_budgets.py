@@ -1,0 +1,424 @@
+"""The budget sheet: inputs, CLI, headroom and multi-card answers (pure arithmetic, fast).
+
+The checks against the real libraries (PEFT, bitsandbytes, vLLM, unsloth_zoo, torch's profiler) are in
+tests/test_budgets_libraries.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from budgets import (
+    BudgetError,
+    Plan,
+    compute,
+    get_card,
+    largest,
+    load_shape,
+    plan_from_lab,
+    suggest_vllm_util,
+)
+from budgets.cli import main
+from budgets.vllm_rules import unsloth_standby_util
+
+ROOT = Path(__file__).resolve().parents[1]
+LAB = ROOT / "labs" / "grpo-first"
+GIB = 1 << 30
+
+STABLE = {
+    "cuda_context",
+    "base_weights",
+    "lora_params",
+    "lora_grads",
+    "optimizer_states",
+    "vllm_profile_activations",
+    "kv_cache",
+    "cuda_graphs",
+    "train_activations",
+    "logits",
+    "reference_policy",
+    "generate_kv_cache",
+}
+
+
+# --- shapes and cards ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["qwen3-4b", "Qwen3-4B", "QWEN3-4B", "unsloth/Qwen3-4B-unsloth-bnb-4bit", "Qwen/Qwen3-4B-Instruct-2507"],
+)
+def test_shape_lookup_by_name_and_hf_id(name):
+    s = load_shape(name)
+    assert (s.name, s.layers, s.hidden, s.ffn, s.heads, s.kv_heads, s.head_dim, s.vocab, s.tied) == (
+        "Qwen3-4B",
+        36,
+        2560,
+        9728,
+        32,
+        8,
+        128,
+        151936,
+        True,
+    )
+
+
+def test_shape_lookup_prefers_the_longest_name():
+    assert load_shape("unsloth/Qwen3-14B-unsloth-bnb-4bit").name == "Qwen3-14B"
+    assert load_shape("meta-llama/Meta-Llama-3.1-8B-Instruct").name == "Llama-3.1-8B"
+
+
+def test_facts_table_shapes():
+    # FACTS.md's table, row by row: layers, hidden, ffn, heads, kv heads, head_dim, vocab, tied.
+    table = {
+        "Qwen3-0.6B": (28, 1024, 3072, 16, 8, 128, 151936, True),
+        "Qwen3-1.7B": (28, 2048, 6144, 16, 8, 128, 151936, True),
+        "Qwen3-4B": (36, 2560, 9728, 32, 8, 128, 151936, True),
+        "Qwen3-8B": (36, 4096, 12288, 32, 8, 128, 151936, False),
+        "Qwen3-14B": (40, 5120, 17408, 40, 8, 128, 151936, False),
+        "Qwen3-32B": (64, 5120, 25600, 64, 8, 128, 151936, False),
+        "Llama-3.1-8B": (32, 4096, 14336, 32, 8, 128, 128256, False),
+        "Llama-3.3-70B": (80, 8192, 28672, 64, 8, 128, 128256, False),
+    }
+    for name, row in table.items():
+        s = load_shape(name)
+        assert (s.layers, s.hidden, s.ffn, s.heads, s.kv_heads, s.head_dim, s.vocab, s.tied) == row, name
+
+
+def test_shape_from_path_and_folder(tmp_path):
+    cfg = json.loads((ROOT / "budgets" / "models" / "qwen3-1.7b.json").read_text())
+    cfg["quantization_config"] = {"llm_int8_skip_modules": ["lm_head", "model.layers.0.mlp"]}
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    for ref in (folder, folder / "config.json"):
+        s = load_shape(str(ref))
+        assert s.layers == 28 and s.hidden == 2048
+        assert s.is_skipped(0, "down_proj") and not s.is_skipped(1, "down_proj")
+        assert not s.is_skipped(0, "q_proj")
+
+
+def test_cards():
+    assert get_card("rtx-5080").memory_bytes == 16303 << 20
+    assert abs(get_card("t4").memory_bytes / GIB - 14.74) < 0.02  # what Colab shows
+    assert get_card("RTX-4090").bandwidth == 1008e9
+    cpu = get_card("cpu")
+    assert not cpu.cuda and cpu.memory_bytes > 0
+
+
+# --- the first lab's sheet ---------------------------------------------------------------------------
+
+
+def test_lab_sheet_lines_and_verdict():
+    sheet = compute(plan_from_lab(LAB))
+    names = [ln.name for ln in sheet.lines]
+    assert set(names) <= STABLE | {"vllm_lora_slots"}
+    assert {
+        "cuda_context",
+        "base_weights",
+        "lora_params",
+        "lora_grads",
+        "optimizer_states",
+        "kv_cache",
+        "vllm_profile_activations",
+        "cuda_graphs",
+        "train_activations",
+        "logits",
+        "reference_policy",
+    } <= set(names)  # beta 0.02 > 0: the reference line is there
+    assert "generate_kv_cache" not in names  # vLLM generates: no HF cache line
+    assert sheet.fits and sheet.total_bytes <= sheet.capacity_bytes
+    # The vLLM share holds exactly util x total: weights + slots + profiling + graphs + KV.
+    share = sum(
+        sheet.line(n).bytes
+        for n in ("base_weights", "vllm_lora_slots", "vllm_profile_activations", "cuda_graphs", "kv_cache")
+    )
+    assert share == math.ceil(0.45 * get_card("rtx-5080").memory_bytes)
+    exact = {ln.name for ln in sheet.lines if not ln.estimate}
+    assert exact == {"base_weights", "lora_params", "lora_grads", "optimizer_states", "reference_policy"}
+    text = sheet.table()
+    assert "kv_cache" in text and "verdict: fits" in text
+
+
+def test_cpu_profile_sheet():
+    sheet = compute(plan_from_lab(LAB, "cpu"))
+    names = {ln.name for ln in sheet.lines}
+    assert "cuda_context" not in names and "kv_cache" not in names and "generate_kv_cache" in names
+    assert sheet.capacity_bytes == get_card("cpu").memory_bytes and sheet.fits
+
+
+def test_lab_overrides_follow_the_lab_bound():
+    plan = plan_from_lab(
+        LAB, "gpu", num_generations=4, max_completion_length=16, per_device_train_batch_size=4
+    )
+    assert (plan.generations, plan.completion_len, plan.prompt_len) == (4, 16, 1024 - 16)
+    cli = plan_from_lab(LAB, "gpu", generations=4, max_completion_length=16, batch=4)
+    assert compute(plan).to_dict()["lines"] == compute(cli).to_dict()["lines"]
+
+
+def test_standby_takes_unsloths_tier_and_frees_the_kv_cache_for_training():
+    plan = plan_from_lab(LAB)
+    total = get_card("rtx-5080").memory_bytes
+    assert unsloth_standby_util(total) == pytest.approx(0.8 * 0.95)  # a 16 GB card: tier 0.8
+    sheet = compute(plan.with_(standby=True))
+    assert sheet.metrics["vllm"]["effective_util"] == pytest.approx(0.76)
+    assert "train" not in sheet.line("kv_cache").phases
+    kept = compute(plan.with_(standby=True, standby_util_override=True))
+    assert kept.metrics["vllm"]["effective_util"] == 0.45
+    assert compute(plan).metrics["standby_alternative"]["standby"] is True
+
+
+def test_vllm_refuses_when_free_memory_is_short():
+    sheet = compute(plan_from_lab(LAB).with_(vllm_util=0.99))
+    assert not sheet.fits and not sheet.metrics["vllm"]["starts"]
+    with pytest.raises(BudgetError) as err:
+        sheet.require_fits()
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("vllm_util:") and "lower --vllm-util" in msg
+
+
+def test_too_big_names_the_line_and_what_to_change():
+    sheet = compute(Plan(model="qwen3-8b", gpu="t4", quant="bf16", completion_len=4096, prompt_len=512))
+    assert not sheet.fits
+    with pytest.raises(BudgetError) as err:
+        sheet.require_fits()
+    assert "\n" not in str(err.value) and str(err.value).split(":")[0] in {ln.name for ln in sheet.lines}
+
+
+# --- bad inputs -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "changes, name",
+    [
+        ({"completion_len": -5}, "completion_len"),
+        ({"prompt_len": 0}, "prompt_len"),
+        ({"lora_rank": 0}, "lora_rank"),
+        ({"lora_rank": None}, "lora_rank"),
+        ({"gpu": "gtx-1080"}, "gpu"),
+        ({"model": "qwen9-1t"}, "model"),
+        ({"vllm_util": 0}, "vllm_util"),
+        ({"vllm_util": 1.2}, "vllm_util"),
+        ({"batch": 6}, "batch"),
+        ({"layout": "torus"}, "layout"),
+        ({"quant": "int3"}, "quant"),
+        ({"optimizer": "sgd"}, "optimizer"),
+        ({"full": True}, "lora_rank"),
+        ({"full": True, "lora_rank": None}, "quant"),
+        ({"layout": "server", "gpus": 2, "vllm_gpus": 1}, "quant"),
+        ({"layout": "server", "gpus": 2, "vllm_gpus": 2, "quant": "bf16"}, "vllm_gpus"),
+        ({"max_seq_length": 100}, "max_seq_length"),
+        ({"beta": -1}, "beta"),
+        ({"gradient_checkpointing": "maybe"}, "gradient_checkpointing"),
+    ],
+)
+def test_bad_inputs_name_the_input(changes, name):
+    with pytest.raises(BudgetError) as err:
+        compute(Plan(**changes))
+    assert str(err.value).startswith(f"{name}:") and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--completion-len", "-5"],
+        ["--lora-rank", "0"],
+        ["--gpu", "gtx-1080"],
+        ["--model", "nope"],
+        ["--vllm-util", "1.5"],
+        ["--gpu-memory-gb", "16"],
+        ["--layout", "torus"],
+        ["--lab", "labs/nope"],
+    ],
+)
+def test_cli_bad_input_is_one_line_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as stop:
+        raise SystemExit(main(argv))
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("budgets: ") and "\n" not in err and "Traceback" not in err
+
+
+# --- CLI -------------------------------------------------------------------------------------------
+
+SCHEMA = {
+    "lines",
+    "total_bytes",
+    "capacity_bytes",
+    "fits",
+    "trainable_params",
+    "train_state_bytes",
+    "kv_cache_bytes_per_token",
+    "max_concurrent_rollouts",
+    "decode_bytes_per_token",
+    "decode_tokens_per_s_ceiling",
+    "weight_sync_bytes_per_step",
+    "weight_sync_seconds",
+    "per_card",
+}
+
+
+def test_cli_json_schema_for_the_lab():
+    out = subprocess.run(
+        [sys.executable, "-m", "budgets", "--lab", "labs/grpo-first", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    data = json.loads(out)
+    assert set(data) >= SCHEMA
+    assert all({"name", "bytes", "formula", "estimate"} <= set(ln) for ln in data["lines"])
+    assert data == json.loads(json.dumps(compute(plan_from_lab(LAB)).to_dict()))
+
+
+def test_cli_table_and_flags(capsys):
+    assert (
+        main(
+            [
+                "--model",
+                "Qwen3-8B",
+                "--gpu-memory-gb",
+                "24",
+                "--gpu-bandwidth-gbs",
+                "1008",
+                "--generations",
+                "4",
+                "--batch",
+                "4",
+                "--optimizer",
+                "adamw_torch",
+                "--beta",
+                "0",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "Qwen3-8B" in out and "verdict:" in out and "reference_policy" not in out
+    assert main(["--lab", "labs/grpo-first", "--profile", "cpu", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["inputs"]["gpu"] == "cpu"
+
+
+# --- headroom ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("knob", ["generations", "completion_len", "batch"])
+def test_headroom_is_the_edge(knob):
+    plan = plan_from_lab(LAB).with_(gpu="t4")
+    h = largest(plan, knob)
+    assert h.largest and h.largest >= getattr(plan, knob) and h.binding
+    from budgets.headroom import _variant
+
+    assert compute(_variant(plan, knob, h.largest)).fits
+    step = {"completion_len": 16, "batch": plan.generations, "generations": 1}[knob]
+    assert not compute(_variant(plan, knob, h.largest + step)).fits
+
+
+def test_suggest_vllm_util_for_the_lab():
+    for gpu in ("rtx-5080", "t4", "rtx-4060-ti-16gb"):
+        plan = plan_from_lab(LAB).with_(gpu=gpu)
+        util, why = suggest_vllm_util(plan)
+        assert 0 < util <= 1 and why
+        assert compute(plan.with_(vllm_util=util)).fits
+    assert compute(plan_from_lab(LAB)).fits  # the lab's 0.45 fits the RTX 5080
+
+
+# --- beyond one card -------------------------------------------------------------------------------
+
+
+def test_server_layout_per_card_and_weight_sync():
+    plan = Plan(
+        model="qwen3-32b",
+        gpu="h100-sxm",
+        gpus=4,
+        layout="server",
+        vllm_gpus=2,
+        quant="bf16",
+        vllm_util=0.9,
+        link_gbps=400,
+        optimizer="adamw_torch",
+        prompt_len=512,
+        completion_len=1536,
+        generations=8,
+        batch=8,
+        beta=0.0,
+    )
+    sheet = compute(plan)
+    roles = {c.role: c for c in sheet.per_card}
+    assert set(roles) == {"trainer", "vllm"} and roles["trainer"].count == 2 and roles["vllm"].count == 2
+    params = load_shape("qwen3-32b").total_params()
+    assert sheet.metrics["weight_sync_bytes_per_step"] == params * 2
+    assert sheet.metrics["weight_sync_seconds"] == pytest.approx(params * 2 * 8 / 400e9, rel=1e-3)
+    # Tensor parallel 2: each vLLM card holds half the weights and half the KV heads.
+    assert sheet.metrics["kv_cache_bytes_per_token"] == 2 * 64 * 4 * 128 * 2
+    vllm_w = next(ln for ln in roles["vllm"].lines if ln.name == "vllm_weights")
+    assert vllm_w.bytes == math.ceil(params * 2 / 2)
+
+
+def test_fsdp_shards_full_training_16_bytes_per_parameter():
+    base = dict(
+        model="qwen3-8b",
+        gpu="h100-sxm",
+        layout="server",
+        quant="bf16",
+        full=True,
+        lora_rank=None,
+        optimizer="adamw_torch",
+        vllm_util=0.9,
+        generations=8,
+        batch=8,
+        beta=0.0,
+    )
+    n = load_shape("qwen3-8b").total_params()
+    ddp = compute(Plan(**base, gpus=3, vllm_gpus=1))
+    fsdp = compute(Plan(**base, gpus=5, vllm_gpus=1, trainer_sharding="fsdp"))
+    state = {
+        ln.name: ln.bytes for ln in ddp.lines if ln.name in ("base_weights", "full_grads", "optimizer_states")
+    }
+    assert sum(state.values()) == 16 * n  # fp32 weights 4 + grads 4 + Adam 8
+    assert fsdp.line("base_weights").bytes == math.ceil(n * 4 / 4)
+    assert not ddp.per_card[0].fits and fsdp.per_card[0].fits  # 8B full on one 80 GB card does not fit
+
+
+def test_colocate_holds_a_second_copy_and_reference_copy_for_full():
+    lora = compute(
+        Plan(
+            model="qwen3-1.7b",
+            gpu="rtx-4090",
+            layout="colocate",
+            quant="bf16",
+            vllm_util=0.3,
+            beta=0.04,
+            gpus=2,
+        )
+    )
+    assert lora.line("vllm_weights") is not None and lora.per_card[0].count == 2
+    assert lora.line("reference_policy").bytes < 1 << 20  # LoRA: adapter disabled, no copy
+    full = compute(
+        Plan(
+            model="qwen3-1.7b",
+            gpu="h100-sxm",
+            layout="colocate",
+            quant="bf16",
+            full=True,
+            lora_rank=None,
+            vllm_util=0.3,
+            beta=0.04,
+        )
+    )
+    assert full.line("reference_policy").bytes > load_shape("qwen3-1.7b").total_params() * 2
+
+
+def test_roofline():
+    sheet = compute(plan_from_lab(LAB))
+    m = sheet.metrics
+    assert m["tokens_per_step"] == 8 * 768
+    assert m["decode_tokens_per_s_ceiling"] == pytest.approx(960e9 / m["decode_bytes_per_token"], rel=1e-3)
+    assert m["generation_seconds_estimate"] > 768 * m["decode_bytes_per_token"] / 960e9 * 0.5
