@@ -87,15 +87,16 @@ BNB_STATE_BLOCK = 256  # blockwise 8-bit state: one fp32 absmax per 256 values a
 BNB_QMAP_BYTES = 2 * 256 * 4  # the signed and unsigned dynamic maps, shared by all parameters
 
 
-def adam_state_bytes(sizes: list[int], optimizer: str) -> int:
+def adam_state_bytes(sizes: list[int], optimizer: str, param_bytes: int = 4) -> int:
     """AdamW keeps exp_avg and exp_avg_sq per parameter.
 
-    adamw_torch: 2 x 4 B per parameter (fp32 states for fp32 parameters).
-    adamw_8bit (bitsandbytes): 2 x 1 B + 2 x 4 B per 256-block, fp32 for tensors < 4096 elements,
-    plus the two 256-entry quantization maps.
+    adamw_torch: 2 x param_bytes per parameter (torch allocates the states like the parameter: fp32
+    states for fp32 parameters, bf16 for bf16 ones; the 0-dim fp32 `step` tensors are not counted).
+    adamw_8bit (bitsandbytes): 2 x 1 B + 2 x 4 B per 256-block, fp32 for tensors < 4096 elements
+    whatever the parameter's dtype, plus the two 256-entry quantization maps.
     """
     if optimizer == "adamw_torch":
-        return 8 * sum(sizes)
+        return 2 * param_bytes * sum(sizes)
     total, any8 = 0, False
     for n in sizes:
         if n < BNB_MIN_8BIT_SIZE:

@@ -75,6 +75,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--standby", type=_bool, metavar="{true,false}", help="Unsloth's UNSLOTH_VLLM_STANDBY")
     ap.add_argument("--fast-inference", type=_bool, metavar="{true,false}", help="false: HF generate")
     ap.add_argument("--trainer-sharding", choices=("ddp", "fsdp"))
+    ap.add_argument(
+        "--trainable-dtype-bytes",
+        type=int,
+        choices=(2, 4),
+        help="bytes per LoRA param, grad and AdamW state (default: 4 on CUDA, 2 on cpu)",
+    )
     ap.add_argument("--link-gbps", type=float, help="trainer -> vLLM link in 10^9 bits/s (server)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
     ap.add_argument(
@@ -109,6 +115,7 @@ FLAG_TO_FIELD = {
     "standby": "standby",
     "fast_inference": "fast_inference",
     "trainer_sharding": "trainer_sharding",
+    "trainable_dtype_bytes": "trainable_dtype_bytes",
     "link_gbps": "link_gbps",
 }
 

@@ -21,7 +21,7 @@ ADVICE = {
     "lora_params": "lower --lora-rank",
     "lora_grads": "lower --lora-rank",
     "full_grads": "train LoRA instead of --full, or FSDP over more --gpus",
-    "reference_policy": "use --beta 0 or LoRA (its reference is the base without the adapter)",
+    "reference_policy": "use --beta 0 (no reference), or LoRA (its reference is a copy of the adapter)",
     "vllm_weights": "use --layout shared (one copy of the weights) or --standby",
     "generate_kv_cache": "lower --generations, --batch or --completion-len",
     "vllm_profile_activations": "lower vLLM's max_num_seqs",
@@ -80,6 +80,7 @@ def _inputs(r: Resolved) -> dict[str, Any]:
         "standby": p.standby,
         "link_gbps": p.link_gbps,
         "fast_inference": p.fast_inference,
+        "trainable_dtype_bytes": r.trainable_bytes,
         "trainer_sharding": p.trainer_sharding,
         "gen_batch": r.gen_batch,
         "prompts_per_step": r.prompts_per_step,
@@ -124,8 +125,10 @@ def compute(plan: Plan, *, _alternative: bool = True) -> Sheet:
         kv_tok, tp, bandwidth = engine.info["kv_cache_bytes_per_token"], 1, card.bandwidth
         concurrent, sequences = engine.info["max_concurrent_rollouts"], r.local_gen_batch
     elif r.layout == "colocate":
-        # TRL builds the trainer's model (and adapter) first, then vLLM inside the same process.
-        before = base_bytes + sum(ln.bytes for ln in trainer if ln.name == "lora_params")
+        # TRL builds the trainer's model (adapter, reference) first, then vLLM in the same process.
+        before = base_bytes + sum(
+            ln.bytes for ln in trainer if ln.name in ("lora_params", "reference_policy")
+        )
         engine = build_engine(
             r,
             total=total,

@@ -64,6 +64,10 @@ class Plan:
     trainer_sharding: str = "ddp"  # how trainer cards split the model: ddp (replicas) | fsdp
     other_use_bytes: int = 0  # memory other processes (a desktop) hold on the card at start
     compute_dtype_bytes: int = 2  # bf16 activations, KV cache and 16-bit weights
+    # LoRA params, their grads and AdamW (torch) states: None = what the backend does on this card:
+    # 4 (fp32, PEFT upcasts adapters) on CUDA, 2 on the cpu card (Unsloth's CPU path casts the
+    # trainable adapter to bf16 when training starts; measured with TRL 1.15, Unsloth 2026.10.9).
+    trainable_dtype_bytes: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # lab keys the budget does not read
 
     def with_(self, **changes: Any) -> Plan:
@@ -88,6 +92,7 @@ class Resolved:
     trainer_cards: int
     vllm_cards: int
     gen_batch: int  # completions generated per optimizer step across all trainer cards
+    trainable_bytes: int  # bytes per LoRA parameter, grad and torch AdamW state (4 fp32, 2 bf16)
     local_gen_batch: int  # completions one trainer card generates (colocate / shared / HF generate)
     prompts_per_step: int
 
@@ -222,6 +227,18 @@ def resolve(plan: Plan) -> Resolved:
         )
     if plan.max_num_seqs is not None:
         _positive_int("max_num_seqs", plan.max_num_seqs)
+    trainable_bytes = plan.trainable_dtype_bytes
+    if trainable_bytes is None:
+        trainable_bytes = 4 if card.cuda else 2  # Unsloth's CPU path trains the adapter in bf16
+    elif trainable_bytes not in (2, 4) or isinstance(trainable_bytes, bool):
+        raise BudgetError(
+            f"trainable_dtype_bytes: must be 2 (bf16) or 4 (fp32), got {plan.trainable_dtype_bytes!r}"
+        )
+    elif not rank:
+        raise BudgetError(
+            "trainable_dtype_bytes: applies to LoRA only; full training keeps fp32 master weights, "
+            "grads and AdamW states"
+        )
 
     return Resolved(
         plan=plan,
@@ -238,6 +255,7 @@ def resolve(plan: Plan) -> Resolved:
         trainer_cards=trainer_cards,
         vllm_cards=vllm_gpus if layout == "server" else 0,
         gen_batch=gen_batch,
+        trainable_bytes=trainable_bytes if rank else 4,
         local_gen_batch=batch * grad_accum,
         prompts_per_step=gen_batch // generations,
     )

@@ -29,9 +29,9 @@ def weights_read_per_token(r: Resolved, tp: int = 1) -> tuple[int, str]:
                 r.lora_rank * (i + o) for m, (i, o) in s.linear_shapes().items() if m in r.plan.target_modules
             )
             * s.layers
-            * 4
+            * r.trainable_bytes
         )
-        what += " + LoRA (fp32)"
+        what += f" + LoRA ({'fp32' if r.trainable_bytes == 4 else 'bf16'})"
     return ceil_div(total, tp), what + (f" / tp {tp}" if tp > 1 else "")
 
 

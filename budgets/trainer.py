@@ -99,31 +99,30 @@ def trainer_lines(r: Resolved, shard: int = 1, shared_with_vllm: bool = False) -
     if r.lora:
         n = lora_params(s, r.lora_rank, p.target_modules)
         per_layer = n // s.layers // r.lora_rank
+        tb, dtype, why, note = trainable_dtype(r)
         base = f"{s.layers} layers x r {r.lora_rank} x sum(in+out) {per_layer:,} = {n:,} params"
         lines.append(
-            Line(
-                "lora_params",
-                n * 4 // shard,
-                f"{base} x 4 B (fp32: PEFT upcasts adapters)" + sh,
-                False,
-                "",
-                GEN_TRAIN,
-            )
+            Line("lora_params", n * tb // shard, f"{base} x {tb} B ({why})" + sh, False, note, GEN_TRAIN)
         )
         lines.append(
             Line(
-                "lora_grads", n * 4 // shard, f"{n:,} x 4 B (fp32, freed by zero_grad)" + sh, False, "", TRAIN
+                "lora_grads",
+                n * tb // shard,
+                f"{n:,} x {tb} B ({dtype} like the params, freed by zero_grad)" + sh,
+                False,
+                "",
+                TRAIN,
             )
         )
         sizes = lora_tensor_sizes(s, r.lora_rank, p.target_modules)
-        state = adam_state_bytes(sizes, r.optimizer)
+        state = adam_state_bytes(sizes, r.optimizer, tb)
         if r.optimizer == "adamw_8bit":
             formula = (
                 "bitsandbytes AdamW8bit: per matrix 2 x 1 B + 2 x 4 B per 256 (fp32 if < 4096 "
                 "elements) + 2 KiB maps"
             )
         else:
-            formula = f"{n:,} x 2 states x 4 B (fp32 AdamW)"
+            formula = f"{n:,} x 2 states x {tb} B ({dtype} AdamW: exp_avg, exp_avg_sq like the params)"
         lines.append(
             Line(
                 "optimizer_states",
@@ -223,19 +222,47 @@ def logits_line(r: Resolved) -> Line:
     return Line("logits", rows * s.vocab * UNSLOTH_BYTES_PER_LOGIT, formula, True, note, TRAIN)
 
 
+def trainable_dtype(r: Resolved) -> tuple[int, str, str, str]:
+    """Bytes, dtype name, reason and note of the trainable LoRA parameters (and their grads and
+    torch AdamW states, which torch allocates like the parameters)."""
+    tb = r.trainable_bytes
+    dtype = "fp32" if tb == 4 else "bf16"
+    if r.plan.trainable_dtype_bytes is not None:
+        return tb, dtype, f"{dtype}: trainable_dtype_bytes {tb}", ""
+    if tb == 4:
+        return tb, dtype, "fp32: PEFT upcasts adapters", ""
+    return (
+        tb,
+        dtype,
+        "bf16: Unsloth's CPU path trains LoRA in bf16",
+        "measured on CPU: once train() starts, Unsloth casts the 'default' adapter to bf16 (grads and "
+        "AdamW states follow), even when the model is loaded in float32",
+    )
+
+
 def reference_line(r: Resolved, shard: int = 1) -> Line | None:
     p, s = r.plan, r.shape
     if p.beta <= 0:
         return None
     logps = r.local_gen_batch * p.completion_len * 4
     if r.lora:
+        # TRL >= 1.x (grpo_trainer.__init__): a model that is already a PeftModel (Unsloth's
+        # get_peft_model) with beta != 0 gets a frozen "ref" adapter, a copy of "default", and the
+        # reference log-probs come from it. PEFT's add_adapter upcasts it to fp32, and Unsloth's CPU
+        # bf16 cast touches "default" only. Unsloth's patch that comments this block out matches
+        # `if is_peft_available() and is_peft_model(model) and args.beta != 0.0:`, which TRL 1.15
+        # spells `elif is_peft_model(model) and args.beta != 0.0:`, so the copy is made.
+        n = lora_params(s, r.lora_rank, p.target_modules)
         return Line(
             "reference_policy",
-            logps,
-            f"adapter disabled, no second copy; ref log-probs {r.local_gen_batch} x {p.completion_len} x 4 B",
+            n * 4 // shard,
+            f"frozen 'ref' adapter, a copy of 'default': {n:,} params x 4 B (fp32: PEFT's add_adapter "
+            "upcasts it)" + (f" / {shard} cards (FSDP)" if shard > 1 else ""),
             False,
-            "its no-grad forward is transient and smaller than train_activations",
-            TRAIN,
+            "TRL adds it when the model is already a PEFT model and beta != 0 (measured on CPU: TRL 1.15, "
+            f"PEFT 0.21, Unsloth 2026.10); ref log-probs {r.local_gen_batch} x {p.completion_len} x 4 B "
+            f"= {logps:,} B ride with the batch, not counted",
+            GEN_TRAIN,
         )
     n = s.total_params()
     return Line(

@@ -90,6 +90,7 @@ class MemoryProbe:
         self.failed_phase: str | None = None
         self.current_phase = "start"
         self.context_bytes: int | None = None
+        self.host_runtime_bytes: int | None = None
         self.device_total_peak_bytes = 0
         self.device_capacity_bytes: int | None = None
         self._nvml_handle = None
@@ -123,9 +124,13 @@ class MemoryProbe:
 
     # --- lifecycle ------------------------------------------------------------
     def start(self) -> MemoryProbe:
+        """Start sampling; call it after the imports and before the model loads."""
         if not self._started:
             if self.device == "cuda":
                 self._measure_cuda_context()
+            else:
+                # What the process holds before any model: the interpreter and the imported libraries.
+                self.host_runtime_bytes = _rss_bytes()
             self._sampler.start()
             self._started = True
         return self
@@ -329,18 +334,21 @@ def quant_state_bytes(param) -> int:
 
 
 def model_bytes_by_kind(model) -> dict[str, int]:
-    """Bytes of the base weights (packed 4-bit + constants + 16-bit leftovers) and of the LoRA parameters.
+    """Bytes of the base weights (packed 4-bit + constants + 16-bit leftovers), of the LoRA
+    parameters, and of TRL's frozen "ref" adapter copy when there is one.
 
     Tied embeddings are one tensor and counted once.
     """
     seen: set[int] = set()
-    base = lora = 0
+    base = lora = ref = 0
     for name, p in model.named_parameters():
         if id(p) in seen:
             continue
         seen.add(id(p))
         size = tensor_bytes(p) + quant_state_bytes(p)
-        if "lora_" in name:
+        if "lora_" in name and ".ref." in name:
+            ref += size  # TRL's frozen copy of the adapter: the reference policy when beta > 0
+        elif "lora_" in name:
             lora += size
         else:
             base += size
@@ -348,7 +356,10 @@ def model_bytes_by_kind(model) -> dict[str, int]:
         if id(b) not in seen and b is not None:
             seen.add(id(b))
             base += tensor_bytes(b)
-    return {"base_weights": base, "lora_params": lora}
+    kinds = {"base_weights": base, "lora_params": lora}
+    if ref:
+        kinds["reference_policy"] = ref
+    return kinds
 
 
 def grad_bytes(model) -> int:
@@ -361,9 +372,11 @@ def optimizer_state_bytes(optimizer) -> int:
 
     inner = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps the torch optimizer
     total = 0
+    seen: set[int] = set()  # bitsandbytes' 8-bit Adam shares its quantization maps across parameters
     for state in inner.state.values():
         for value in state.values():
-            if isinstance(value, torch.Tensor) and value.dim() > 0:
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.data_ptr() not in seen:
+                seen.add(value.data_ptr())
                 total += tensor_bytes(value)
     return total
 

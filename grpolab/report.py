@@ -26,7 +26,9 @@ HOW_MEASURED = {
     "optimizer_states": "sum of the optimizer's per-parameter state tensors after a step",
     "cuda_context": "NVML process memory before the first tensor, minus torch's reservation",
     "kv_cache": "vLLM's cache_config.num_gpu_blocks x block_size x bytes per token",
-    "total": "GPU: NVML process peak (sampled); CPU: sum of the paired lines",
+    "host_runtime": "resident set after the imports, before the model loads",
+    "reference_policy": "sum of TRL's frozen 'ref' adapter tensors (a copy of the initial adapter)",
+    "total": "GPU: NVML process peak, sampled; CPU: resident-set peak, sampled",
 }
 
 
@@ -61,8 +63,8 @@ class Comparison:
         return (self.total_measured - self.total_budget) / self.total_budget if self.total_budget else 0.0
 
     def worst_line(self) -> str | None:
-        """The paired line whose measurement exceeds its budget by the most bytes (or misses least)."""
-        return max(self.paired, key=self.diff, default=None)
+        """The paired line furthest from its budget, relative to the line's size."""
+        return max(self.paired, key=lambda n: abs(self.rel_error(n)), default=None)
 
     def verdict(self) -> str:
         held = self.total_measured <= self.total_budget
@@ -73,8 +75,8 @@ class Comparison:
             else ""
         )
         return (
-            f"The budget {'held' if held else 'did not hold'}: measured {self.total_measured / GIB:.3f} GiB "
-            f"vs budgeted {self.total_budget / GIB:.3f} GiB ({self.total_label}, {self.total_rel_error:+.1%})"
+            f"The budget {'held' if held else 'did not hold'}: measured peak {human_bytes(self.total_measured)} "
+            f"vs budgeted {human_bytes(self.total_budget)} ({self.total_label}, {self.total_rel_error:+.1%})"
             f"{worst_text}."
         )
 
@@ -106,6 +108,8 @@ def measure_lines(probe: MemoryProbe, callback, trainer) -> dict[str, int]:
     measured.update(callback.measured)
     if probe.context_bytes is not None:
         measured["cuda_context"] = probe.context_bytes
+    if probe.host_runtime_bytes is not None:
+        measured["host_runtime"] = probe.host_runtime_bytes
     if trainer is not None:
         from grpolab.policy import vllm_kv_cache_bytes
 
@@ -123,18 +127,13 @@ def compare(sheet, measured: dict[str, int], probe: MemoryProbe) -> Comparison:
         unpaired_measured={k: v for k, v in measured.items() if k not in budget},
         formulas={line.name: line.formula for line in sheet.lines},
     )
+    # The whole process against the sheet's peak: NVML on a GPU, the resident set on a CPU
+    # (the CPU sheet has a host_runtime line for the interpreter and libraries).
+    comparison.total_budget = int(sheet.total_bytes)
+    comparison.total_measured = probe.process_peak_bytes
+    comparison.total_label = "NVML process peak" if probe.device == "cuda" else "resident-set peak"
     if probe.device == "cuda":
-        # The whole process on the card against the whole sheet.
-        comparison.total_budget = int(sheet.total_bytes)
-        comparison.total_measured = probe.process_peak_bytes
-        comparison.total_label = "NVML process peak vs sheet total"
         comparison.unpaired_measured["torch_allocated_peak"] = probe.torch_peak_bytes()[0]
-    else:
-        # On a CPU the resident set holds Python and every library too: compare only the paired lines.
-        comparison.total_budget = sum(budget[k] for k in comparison.paired)
-        comparison.total_measured = sum(comparison.measured[k] for k in comparison.paired)
-        comparison.total_label = "sum of the lines measured on CPU"
-        comparison.unpaired_measured["process_rss_peak"] = probe.process_peak_bytes
     return comparison
 
 
@@ -168,31 +167,41 @@ def log_measurement(sheet, probe: MemoryProbe, callback, trainer, status: str) -
     return comparison
 
 
+def human_bytes(n: float, sign: bool = False) -> str:
+    """1.23 GiB, 45.6 MiB, 7.8 KiB: the tiny model's lines are kilobytes, the real ones gigabytes."""
+    for unit, size in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:{'+' if sign else ''}.2f} {unit}"
+    return f"{n:{'+' if sign else ''}.0f} B"
+
+
 def comparison_table(c: Comparison) -> str:
     rows = [
-        "| line | formula | budget GiB | measured GiB | diff GiB | rel. error | how measured |",
+        "| line | formula | budget | measured | diff | rel. error | how measured |",
         "|---|---|---:|---:|---:|---:|---|",
     ]
     for name, budget in c.budget.items():
         if name in c.measured:
             measured, diff, rel = (
-                f"{c.measured[name] / GIB:.4f}",
-                f"{c.diff(name) / GIB:+.4f}",
+                human_bytes(c.measured[name]),
+                human_bytes(c.diff(name), sign=True),
                 f"{c.rel_error(name):+.1%}",
             )
         else:
             measured = diff = rel = "not measured"
         formula = c.formulas.get(name, "").replace("|", "\\|")
         rows.append(
-            f"| {name} | `{formula}` | {budget / GIB:.4f} | {measured} | {diff} | {rel} | {HOW_MEASURED.get(name, '')} |"
+            f"| {name} | `{formula}` | {human_bytes(budget)} | {measured} | {diff} | {rel} | "
+            f"{HOW_MEASURED.get(name, '')} |"
         )
     rows.append(
-        f"| **total** | {c.total_label} | {c.total_budget / GIB:.4f} | {c.total_measured / GIB:.4f} | "
-        f"{(c.total_measured - c.total_budget) / GIB:+.4f} | {c.total_rel_error:+.1%} | {HOW_MEASURED['total']} |"
+        f"| **total (peak)** | {c.total_label} | {human_bytes(c.total_budget)} | {human_bytes(c.total_measured)} | "
+        f"{human_bytes(c.total_measured - c.total_budget, sign=True)} | {c.total_rel_error:+.1%} | "
+        f"{HOW_MEASURED['total']} |"
     )
     if c.unpaired_measured:
         rows += ["", "Measured with no budget line (never forced into a pair):", ""]
-        rows += [f"- {name}: {value / GIB:.4f} GiB" for name, value in c.unpaired_measured.items()]
+        rows += [f"- {name}: {human_bytes(value)}" for name, value in c.unpaired_measured.items()]
     return "\n".join([c.verdict(), "", *rows, ""])
 
 
@@ -203,20 +212,25 @@ def comparison_chart(c: Comparison, step_peaks: list[tuple[int, int]], sheet):
     import matplotlib.pyplot as plt
 
     fig, (bars, curve) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
-    names = [*c.paired, "total"]
-    budget = [c.budget[n] / GIB for n in c.paired] + [c.total_budget / GIB]
-    measured = [c.measured[n] / GIB for n in c.paired] + [c.total_measured / GIB]
+    names = c.paired
+    largest = max([c.budget[n] for n in names] + [c.measured[n] for n in names] + [1])
+    unit, size = next((u, s) for u, s in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024), ("B", 1)) if largest >= s)
+    budget = [c.budget[n] / size for n in names]
+    measured = [c.measured[n] / size for n in names]
     x = range(len(names))
     bars.bar([i - 0.2 for i in x], budget, width=0.4, label="budget", color="#4c78a8")
     bars.bar([i + 0.2 for i in x], measured, width=0.4, label="measured", color="#f58518")
     bars.set_xticks(list(x), names, rotation=30, ha="right")
-    bars.set_ylabel("GiB")
+    bars.set_ylabel(unit)
+    smallest = min([v for v in budget + measured if v > 0], default=1.0)
+    if max(budget + measured, default=1.0) / smallest > 100:
+        bars.set_yscale("log")  # a 1 GiB runtime beside a 50 KiB adapter: both stay readable
     bars.set_title("Budget vs measured, per line")
     bars.legend()
     if step_peaks:
         steps, peaks = zip(*step_peaks, strict=True)
         curve.plot(steps, [p / GIB for p in peaks], marker=".", label="process peak per step")
-    curve.axhline(sheet.total_bytes / GIB, color="#4c78a8", linestyle="--", label="budget total")
+    curve.axhline(sheet.total_bytes / GIB, color="#4c78a8", linestyle="--", label="budget (sheet peak)")
     curve.set_xlabel("step")
     curve.set_ylabel("GiB")
     curve.set_title("Peak memory over the run")
@@ -264,6 +278,7 @@ PHASE_LINES = {
     "train_step": ("train_activations", "lower --max-completion-length or --num-generations"),
     "train": ("train_activations", "lower --max-completion-length or --num-generations"),
 }
+OVER_BUDGET = 0.05  # a measured line more than 5% over its budget line counts as exceeded
 ADVICE = {
     "base_weights": "use a smaller model or 4-bit weights",
     "lora_params": "lower lora_rank",
@@ -283,13 +298,15 @@ def log_out_of_memory(sheet, probe: MemoryProbe, callback, trainer, error: BaseE
 
     phase = probe.failed_phase or probe.current_phase
     comparison = compare(sheet, measure_lines(probe, callback, trainer), probe)
-    exceeded = [n for n in comparison.paired if comparison.diff(n) > 0]
+    # A line measured well over its budget is the culprit; otherwise the line that grows in
+    # the phase that ran out (static lines within a few percent are not to blame).
+    exceeded = [n for n in comparison.paired if comparison.rel_error(n) > OVER_BUDGET]
     if exceeded:
         line = max(exceeded, key=comparison.rel_error)
     else:
         line = PHASE_LINES.get(phase, ("train_activations", ""))[0]
-        if line not in comparison.budget and line == "kv_cache":
-            line = "generate_kv_cache"
+        if line == "kv_cache" and line not in comparison.budget:
+            line = "generate_kv_cache"  # no vLLM: transformers' generate holds its own cache
     advice = ADVICE.get(line, PHASE_LINES.get(phase, ("", "lower --num-generations"))[1])
     peak = probe.process_peak_bytes
     mlflow.log_metrics({**probe.summary(), "oom/peak_gib": peak / GIB})

@@ -153,6 +153,43 @@ def test_cpu_profile_sheet():
     assert sheet.capacity_bytes == get_card("cpu").memory_bytes and sheet.fits
 
 
+def test_trainable_and_reference_lines_match_the_measured_cpu_run():
+    # Measured in the lab's CPU run (Unsloth 2026.10.9, TRL 1.15.0, PEFT 0.21.2, tiny-qwen3, r 16,
+    # beta 0.02): the "default" adapter, its grads and AdamW's exp_avg / exp_avg_sq are bf16 once
+    # training starts; TRL's frozen "ref" adapter is an fp32 copy of it.
+    sheet = compute(plan_from_lab(LAB, "cpu"))
+    n = sheet.metrics["trainable_params"]
+    assert n == 32768 and sheet.inputs["trainable_dtype_bytes"] == 2
+    assert sheet.line("lora_params").bytes == n * 2
+    assert sheet.line("lora_grads").bytes == n * 2
+    assert sheet.line("optimizer_states").bytes == 2 * n * 2  # adamw_torch
+    assert sheet.line("reference_policy").bytes == n * 4
+    assert (
+        "x 2 B" in sheet.line("lora_params").formula and "measured on CPU" in sheet.line("lora_params").note
+    )
+    assert "'ref' adapter" in sheet.line("reference_policy").formula
+    assert sheet.metrics["train_state_bytes"] == sheet.line("base_weights").bytes + 8 * n
+    # beta 0: TRL adds no reference adapter.
+    assert compute(plan_from_lab(LAB, "cpu", beta=0.0)).line("reference_policy") is None
+    # Explicitly fp32 (the lab.toml key or --trainable-dtype-bytes 4): PEFT's fp32 adapter.
+    fp32 = compute(plan_from_lab(LAB, "cpu", trainable_dtype_bytes=4))
+    assert fp32.line("lora_params").bytes == n * 4 and fp32.line("optimizer_states").bytes == 8 * n
+    assert fp32.line("reference_policy").bytes == n * 4
+
+
+def test_gpu_profile_keeps_fp32_trainables_and_adds_the_ref_adapter():
+    sheet = compute(plan_from_lab(LAB))
+    n = sheet.metrics["trainable_params"]
+    assert sheet.inputs["trainable_dtype_bytes"] == 4
+    assert sheet.line("lora_params").bytes == sheet.line("lora_grads").bytes == n * 4
+    assert sheet.line("reference_policy").bytes == n * 4  # beta 0.02: a frozen fp32 copy of the adapter
+    assert sheet.line("reference_policy").phases == sheet.line("lora_params").phases
+    # 8-bit AdamW keeps uint8 / fp32 state whatever the parameter's dtype.
+    bf16 = compute(plan_from_lab(LAB, trainable_dtype_bytes=2))
+    assert bf16.line("lora_params").bytes == n * 2
+    assert bf16.line("optimizer_states").bytes == sheet.line("optimizer_states").bytes
+
+
 def test_lab_overrides_follow_the_lab_bound():
     plan = plan_from_lab(
         LAB, "gpu", num_generations=4, max_completion_length=16, per_device_train_batch_size=4
@@ -216,6 +253,11 @@ def test_too_big_names_the_line_and_what_to_change():
         ({"max_seq_length": 100}, "max_seq_length"),
         ({"beta": -1}, "beta"),
         ({"gradient_checkpointing": "maybe"}, "gradient_checkpointing"),
+        ({"trainable_dtype_bytes": 3}, "trainable_dtype_bytes"),
+        (
+            {"trainable_dtype_bytes": 2, "full": True, "lora_rank": None, "quant": "bf16"},
+            "trainable_dtype_bytes",
+        ),
     ],
 )
 def test_bad_inputs_name_the_input(changes, name):
@@ -304,6 +346,8 @@ def test_cli_table_and_flags(capsys):
     assert "Qwen3-8B" in out and "verdict:" in out and "reference_policy" not in out
     assert main(["--lab", "labs/grpo-first", "--profile", "cpu", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["inputs"]["gpu"] == "cpu"
+    assert main(["--lab", "labs/grpo-first", "--trainable-dtype-bytes", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["inputs"]["trainable_dtype_bytes"] == 2
 
 
 # --- headroom ------------------------------------------------------------------------------------
@@ -400,7 +444,8 @@ def test_colocate_holds_a_second_copy_and_reference_copy_for_full():
         )
     )
     assert lora.line("vllm_weights") is not None and lora.per_card[0].count == 2
-    assert lora.line("reference_policy").bytes < 1 << 20  # LoRA: adapter disabled, no copy
+    # LoRA: TRL's frozen "ref" adapter, an fp32 copy of the trainable one (no copy of the model).
+    assert lora.line("reference_policy").bytes == lora.metrics["trainable_params"] * 4
     full = compute(
         Plan(
             model="qwen3-1.7b",

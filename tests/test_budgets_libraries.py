@@ -155,6 +155,73 @@ def test_optimizer_states_equal_the_libraries():
     states = [v for p in params for k, v in opt.state[p].items() if k in ("exp_avg", "exp_avg_sq")]
     assert tensor_bytes(states) == adam_state_bytes(sizes, "adamw_torch")
 
+    # bf16 parameters (Unsloth's CPU path): torch's states are bf16, bitsandbytes' are not.
+    half = [torch.nn.Parameter(torch.zeros(n, dtype=torch.bfloat16)) for n in sizes]
+    opt = torch.optim.AdamW(half)
+    for p in half:
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    states = [v for p in half for k, v in opt.state[p].items() if k in ("exp_avg", "exp_avg_sq")]
+    assert tensor_bytes(states) == adam_state_bytes(sizes, "adamw_torch", 2)
+    opt8 = bnb.optim.AdamW8bit(half)
+    tensors = []
+    for p in half:
+        opt8.init_state(opt8.param_groups[0], p, 0, 0)
+        tensors += [v for k, v in opt8.state[p].items() if isinstance(v, torch.Tensor)]
+    assert tensor_bytes(tensors) == adam_state_bytes(sizes, "adamw_8bit", 2)
+
+
+# --- The reference policy with LoRA: TRL's frozen "ref" adapter -------------------------------------
+
+
+def test_reference_adapter_equals_the_cpu_profile_line():
+    """TRL 1.15's GRPOTrainer, given a PeftModel (Unsloth's get_peft_model) and beta != 0, adds a "ref"
+    adapter with the "default" config and copies the weights into it. Done here exactly as TRL does,
+    on the tiny model in bf16 with the lab's LoRA settings."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from budgets import plan_from_lab
+    from budgets.lab import read_lab
+
+    lab = ROOT / "labs" / "grpo-first"
+    settings = read_lab(lab, "cpu")
+    sheet = compute(plan_from_lab(lab, "cpu"))
+    assert settings["beta"] > 0
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf_config("tiny-qwen3")).to(torch.bfloat16)
+    config = LoraConfig(
+        r=settings["lora_rank"],
+        lora_alpha=settings["lora_alpha"],
+        target_modules=list(settings["target_modules"]),
+        lora_dropout=0.0,
+        bias="none",
+    )
+    model = get_peft_model(model, config)
+    model.add_adapter("ref", model.peft_config["default"])
+    for name, param in model.named_parameters():
+        if ".default." in name:
+            model.get_parameter(name.replace(".default.", ".ref.")).data.copy_(param.data)
+    ref = [p for n, p in model.named_parameters() if ".ref." in n]
+    default = [p for n, p in model.named_parameters() if ".default." in n]
+    assert {p.dtype for p in ref} == {torch.float32}  # PEFT upcasts the adapter of a bf16 model
+    assert not any(p.requires_grad for p in ref)
+    assert sum(p.numel() for p in ref) == sum(p.numel() for p in default) == sheet.metrics["trainable_params"]
+    assert tensor_bytes(ref) == sheet.line("reference_policy").bytes
+
+    # Unsloth's CPU training casts "default" (not "ref") to bf16: its params, grads and AdamW states
+    # then take the sheet's bf16 lines.
+    for p in default:
+        p.data = p.data.to(torch.bfloat16)
+        p.grad = torch.zeros_like(p)
+    opt = torch.optim.AdamW(default)
+    opt.step()
+    states = [v for p in default for k, v in opt.state[p].items() if k in ("exp_avg", "exp_avg_sq")]
+    assert tensor_bytes(default) == sheet.line("lora_params").bytes
+    assert tensor_bytes(p.grad for p in default) == sheet.line("lora_grads").bytes
+    assert tensor_bytes(states) == sheet.line("optimizer_states").bytes
+    assert tensor_bytes(ref) == sheet.line("reference_policy").bytes
+
 
 # --- KV cache: vLLM's own page arithmetic --------------------------------------------------------
 

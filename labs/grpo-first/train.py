@@ -128,8 +128,8 @@ def build_prompts(s: LabSettings, tokenizer):
     dataset = get_task(s.task).build_dataset(s.num_prompts, s.seed)
 
     def prompt_tokens(row: dict) -> dict:
-        ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True)
-        return {"prompt_tokens": len(ids["input_ids"] if isinstance(ids, dict) else ids)}
+        text = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+        return {"prompt_tokens": len(tokenizer(text, add_special_tokens=False)["input_ids"])}
 
     dataset = dataset.map(prompt_tokens)
     kept = dataset.filter(lambda row: row["prompt_tokens"] <= s.max_prompt_length)
@@ -157,8 +157,9 @@ def grpo_config(s: LabSettings, output_dir: Path, on_gpu: bool, bf16: bool = Tru
         max_completion_length=s.max_completion_length,
         temperature=s.temperature,
         top_p=s.top_p,
-        # The objective: Dr. GRPO's unbiased loss, PPO's clip, a small KL to the base model
-        # (with LoRA the reference is the base with the adapter disabled: no second copy).
+        # The objective: Dr. GRPO's unbiased loss, PPO's clip, a small KL to the start. With
+        # beta > 0 TRL keeps the reference as a frozen fp32 copy of the adapter ("ref"), not
+        # a second model: budget line reference_policy.
         loss_type=s.loss_type,
         epsilon=s.epsilon,
         beta=s.beta,

@@ -1,0 +1,58 @@
+"""Shared test helpers: the repository root, the lab module, CPU-only skips."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LAB_DIR = REPO_ROOT / "labs" / "grpo-first"
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+HAS_CUDA = _cuda()
+
+
+def gpu_only(reason: str):
+    """Skip without a CUDA GPU; the reason says what the test would check on one."""
+    return pytest.mark.skipif(not HAS_CUDA, reason=f"needs a CUDA GPU: {reason}")
+
+
+@pytest.fixture(scope="session")
+def lab_module():
+    """labs/grpo-first/train.py imported as a module (its folder name has a hyphen)."""
+    spec = importlib.util.spec_from_file_location("grpo_first_train", LAB_DIR / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_lab(args: list[str], tmp_path: Path, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
+    """Run the lab as a user would, with its own MLflow store and outputs under tmp_path."""
+    environment = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "PYTHONUNBUFFERED": "1",
+        **env,
+    }
+    return subprocess.run(
+        [sys.executable, str(LAB_DIR / "train.py"), "--output-dir", str(tmp_path / "outputs"), *args],
+        cwd=REPO_ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
