@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from unsloth import FastLanguageModel
+
 from grpolab.settings import LabSettings
-from unsloth import FastLanguageModel  # noqa: I001  first: it patches transformers and TRL
 from grpolab.tiny_model import ensure_tiny_model
 
 

@@ -195,7 +195,10 @@ class MemoryProbe:
         if self.device == "cuda":
             import torch
 
-            allocated, reserved = int(torch.cuda.max_memory_allocated()), int(torch.cuda.max_memory_reserved())
+            allocated, reserved = (
+                int(torch.cuda.max_memory_allocated()),
+                int(torch.cuda.max_memory_reserved()),
+            )
             torch.cuda.reset_peak_memory_stats()
         self._step_peak = max(self._step_peak, process)
         for open_phase in self._open:
@@ -233,7 +236,10 @@ class MemoryProbe:
         TRL generates inside `_generate_and_score_completions` and trains in `compute_loss`;
         wrapping the two methods on this trainer instance gives per-step peaks for both.
         """
-        for method, phase in (("_generate_and_score_completions", "generate"), ("compute_loss", "train_step")):
+        for method, phase in (
+            ("_generate_and_score_completions", "generate"),
+            ("compute_loss", "train_step"),
+        ):
             original = getattr(trainer, method)
 
             def measured(*args, _original=original, _phase=phase, **kwargs):

@@ -70,7 +70,7 @@ class Comparison:
         held = self.total_measured <= self.total_budget
         worst = self.worst_line()
         worst_text = (
-            f"; the line that missed most: {worst} ({self.diff(worst) / GIB:+.3f} GiB, {self.rel_error(worst):+.1%})"
+            f"; the line that missed most: {worst} ({human_bytes(self.diff(worst), sign=True)}, {self.rel_error(worst):+.1%})"
             if worst
             else ""
         )
@@ -163,7 +163,9 @@ def log_measurement(sheet, probe: MemoryProbe, callback, trainer, status: str) -
         }
     )
     mlflow.log_text(comparison_table(comparison), "memory/budget_vs_measured.md")
-    mlflow.log_figure(comparison_chart(comparison, callback.step_peaks, sheet), "memory/budget_vs_measured.png")
+    mlflow.log_figure(
+        comparison_chart(comparison, callback.step_peaks, sheet), "memory/budget_vs_measured.png"
+    )
     return comparison
 
 
@@ -214,7 +216,9 @@ def comparison_chart(c: Comparison, step_peaks: list[tuple[int, int]], sheet):
     fig, (bars, curve) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
     names = c.paired
     largest = max([c.budget[n] for n in names] + [c.measured[n] for n in names] + [1])
-    unit, size = next((u, s) for u, s in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024), ("B", 1)) if largest >= s)
+    unit, size = next(
+        (u, s) for u, s in (("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024), ("B", 1)) if largest >= s
+    )
     budget = [c.budget[n] / size for n in names]
     measured = [c.measured[n] / size for n in names]
     x = range(len(names))
@@ -262,10 +266,14 @@ def peak_lines(probe: MemoryProbe) -> list[str]:
     lines = []
     if probe.device == "cuda":
         allocated, _ = probe.torch_peak_bytes()
-        lines.append(f"Peak memory (NVML, whole process incl. vLLM and CUDA context): {probe.process_peak_bytes / GIB:.2f} GiB")
+        lines.append(
+            f"Peak memory (NVML, whole process incl. vLLM and CUDA context): {probe.process_peak_bytes / GIB:.2f} GiB"
+        )
         lines.append(f"Peak memory (torch allocator only, misses vLLM's pool): {allocated / GIB:.2f} GiB")
     else:
-        lines.append(f"Peak memory (resident set of this process, CPU): {probe.process_peak_bytes / GIB:.2f} GiB")
+        lines.append(
+            f"Peak memory (resident set of this process, CPU): {probe.process_peak_bytes / GIB:.2f} GiB"
+        )
     return lines
 
 
@@ -326,4 +334,6 @@ def log_out_of_memory(sheet, probe: MemoryProbe, callback, trainer, error: BaseE
     snapshot = probe.dump_snapshot()
     if snapshot is not None:
         mlflow.log_artifact(str(snapshot), artifact_path="memory")
-    return f"out of memory during {phase} at {peak / GIB:.2f} GiB (budget line most exceeded: {line}): {advice}"
+    return (
+        f"out of memory during {phase} at {peak / GIB:.2f} GiB (budget line most exceeded: {line}): {advice}"
+    )

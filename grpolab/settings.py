@@ -76,7 +76,9 @@ class LabSettings:
 
     def as_params(self) -> dict[str, str]:
         """Every value as a string, for MLflow params."""
-        return {k: ",".join(v) if isinstance(v, tuple) else str(v) for k, v in dataclasses.asdict(self).items()}
+        return {
+            k: ",".join(v) if isinstance(v, tuple) else str(v) for k, v in dataclasses.asdict(self).items()
+        }
 
 
 # Command-line flag -> settings key, for the settings users are expected to experiment with.
@@ -132,7 +134,9 @@ def check(s: LabSettings) -> None:
         raise LabSettingsError(f"unknown task {s.task!r}: known tasks are {', '.join(TASKS)}")
     for name in ("max_steps", "num_generations", "max_completion_length", "num_prompts", "max_seq_length"):
         if getattr(s, name) <= 0:
-            raise LabSettingsError(f"{name} must be positive, got {getattr(s, name)}: pass --{_flag(name)} 1 or more")
+            raise LabSettingsError(
+                f"{name} must be positive, got {getattr(s, name)}: pass --{_flag(name)} 1 or more"
+            )
     if s.num_generations < 2:
         raise LabSettingsError(
             f"num_generations is {s.num_generations}: GRPO compares completions within a group, use 2 or more"
@@ -154,7 +158,9 @@ def check(s: LabSettings) -> None:
     if not 0 < s.gpu_memory_utilization <= 1:
         raise LabSettingsError(f"gpu_memory_utilization must be in (0, 1], got {s.gpu_memory_utilization}")
     if s.lora_rank > s.max_lora_rank:
-        raise LabSettingsError(f"lora_rank {s.lora_rank} exceeds max_lora_rank {s.max_lora_rank}: raise max_lora_rank")
+        raise LabSettingsError(
+            f"lora_rank {s.lora_rank} exceeds max_lora_rank {s.max_lora_rank}: raise max_lora_rank"
+        )
     _check_model(s)
 
 

@@ -1,8 +1,8 @@
 """MLflow tracking for the labs: where runs go, what every run records, how a run ends.
 
 Runs go to `MLFLOW_TRACKING_URI` when it is set, else to `mlflow.db` (SQLite) at the
-repository root with artifacts under `mlruns/`; the README's UI command opens that same
-store. One experiment per chapter.
+repository root; a SQLite store keeps its artifacts beside it under `mlruns/<chapter>`.
+The README's UI command opens that same store. One experiment per chapter.
 
 A run that does not finish never says FINISHED: `lab_run` ends it as KILLED on Ctrl-C
 and FAILED on any exception, keeping what was logged before.
@@ -20,7 +20,6 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DB = REPO_ROOT / "mlflow.db"
-DEFAULT_ARTIFACTS = REPO_ROOT / "mlruns"
 
 LIBRARIES = (
     "torch",
@@ -59,10 +58,15 @@ def experiment_id(chapter: str) -> str:
     found = mlflow.get_experiment_by_name(chapter)
     if found is not None:
         return found.experiment_id
-    location = None
-    if not os.environ.get("MLFLOW_TRACKING_URI"):
-        location = (DEFAULT_ARTIFACTS / chapter).as_uri()
-    return mlflow.create_experiment(chapter, artifact_location=location)
+    return mlflow.create_experiment(chapter, artifact_location=artifact_location(tracking_uri(), chapter))
+
+
+def artifact_location(uri: str, chapter: str) -> str | None:
+    """Artifacts beside a SQLite store (mlruns/<chapter> next to the .db file), wherever the
+    lab was started from; a tracking server decides for itself (None)."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).parent / "mlruns" / chapter).as_uri()
+    return None
 
 
 @contextmanager

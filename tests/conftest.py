@@ -56,3 +56,34 @@ def run_lab(args: list[str], tmp_path: Path, timeout: float = 600, **env: str) -
         text=True,
         timeout=timeout,
     )
+
+
+README_LAB_COMMAND = ["uv", "run", "python", "labs/grpo-first/train.py"]
+
+
+@pytest.fixture(scope="session")
+def cpu_lab_run(tmp_path_factory):
+    """The README's lab command, run once on CPU into its own MLflow store, then read back."""
+    import shutil
+    import time
+
+    import mlflow
+
+    store = tmp_path_factory.mktemp("store")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store / 'mlflow.db'}", "PYTHONUNBUFFERED": "1"}
+    # Exactly the README's command when uv is on PATH (CI and users), else the same script.
+    command = README_LAB_COMMAND if shutil.which("uv") else [sys.executable, "labs/grpo-first/train.py"]
+    started = time.perf_counter()
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    seconds = time.perf_counter() - started
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    (run,) = mlflow.search_runs(experiment_names=["grpo-first"], output_format="list")
+    yield {
+        "run": run,
+        "client": mlflow.MlflowClient(env["MLFLOW_TRACKING_URI"]),
+        "stdout": result.stdout,
+        "seconds": seconds,
+        "store": store,
+    }
+    shutil.rmtree(REPO_ROOT / "outputs" / "grpo-first" / run.info.run_name, ignore_errors=True)

@@ -7,6 +7,7 @@ the 16 GB card would run with are built for real.
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import pytest
 from conftest import LAB_DIR, gpu_only
@@ -27,7 +28,11 @@ def test_the_exact_grpo_config_of_the_real_run(lab_module, gpu_settings, tmp_pat
     config = lab_module.grpo_config(gpu_settings, tmp_path, on_gpu=True, bf16=True)
 
     assert type(config).__name__.endswith("GRPOConfig")
-    assert (config.num_generations, config.per_device_train_batch_size, config.gradient_accumulation_steps) == (
+    assert (
+        config.num_generations,
+        config.per_device_train_batch_size,
+        config.gradient_accumulation_steps,
+    ) == (
         8,
         8,
         1,
@@ -50,7 +55,9 @@ def test_a_t4_gets_fp16_instead_of_bf16(lab_module, gpu_settings, tmp_path, monk
     import transformers.training_args as training_args
 
     monkeypatch.setattr(training_args, "is_torch_bf16_gpu_available", lambda: False)
-    monkeypatch.setattr(training_args, "is_torch_fp16_available_on_device", lambda device: True, raising=False)
+    monkeypatch.setattr(
+        training_args, "is_torch_fp16_available_on_device", lambda device: True, raising=False
+    )
     try:
         config = lab_module.grpo_config(gpu_settings, tmp_path, on_gpu=True, bf16=False)
     except ValueError as err:  # transformers checks fp16 against the device it can see
@@ -69,7 +76,7 @@ def _gpu_loader_parameters(method: str) -> set[str]:
     import importlib.util
 
     source = importlib.util.find_spec("unsloth.models.loader").origin
-    tree = ast.parse(open(source).read())
+    tree = ast.parse(Path(source).read_text())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "FastLanguageModel")
     fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == method)
     return {a.arg for a in fn.args.args + fn.args.kwonlyargs}

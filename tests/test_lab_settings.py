@@ -22,7 +22,15 @@ def test_gpu_profile_is_the_issue_recipe():
     s = load_lab(LAB_DIR, "gpu")
     assert (s.model, s.load_in_4bit, s.fast_inference) == ("unsloth/Qwen3-4B-unsloth-bnb-4bit", True, True)
     assert (s.max_seq_length, s.max_lora_rank, s.lora_rank, s.lora_alpha) == (1024, 16, 16, 16)
-    assert set(s.target_modules) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert set(s.target_modules) == {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    }
     assert s.gradient_checkpointing == "unsloth"
     assert (s.num_generations, s.per_device_train_batch_size, s.gradient_accumulation_steps) == (8, 8, 1)
     assert (s.max_completion_length, s.learning_rate, s.beta, s.epsilon) == (768, 5e-6, 0.02, 0.2)
@@ -71,5 +79,5 @@ def test_unknown_profile_and_missing_lab_are_refused(tmp_path):
 def test_a_typo_in_lab_toml_is_named(tmp_path):
     text = (LAB_DIR / "lab.toml").read_text().replace("max_steps = 60", "max_step = 60")
     (tmp_path / "lab.toml").write_text(text)
-    with pytest.raises(LabSettingsError, match="unknown setting.*max_step"):
+    with pytest.raises(LabSettingsError, match=r"unknown setting.*max_step"):
         load_lab(tmp_path, "cpu")

@@ -34,7 +34,9 @@ def test_every_character_of_an_addition_prompt_round_trips(tokenizer):
 
 def test_vocabulary_matches_the_model_shape(tokenizer):
     config = json.loads(CONFIG_PATH.read_text())
-    assert len(tokenizer) == config["vocab_size"], "ids the tokenizer cannot decode would waste probability mass"
+    assert len(tokenizer) == config["vocab_size"], (
+        "ids the tokenizer cannot decode would waste probability mass"
+    )
     assert tokenizer.eos_token_id == config["eos_token_id"]
     assert tokenizer.pad_token_id == config["pad_token_id"]
 

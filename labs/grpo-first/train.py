@@ -51,9 +51,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--learning-rate", type=float)
     parser.add_argument("--num-prompts", type=int, help="training prompts to build")
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--output-dir", type=Path, default=REPO_ROOT / "outputs", help="adapters and checkpoints")
+    parser.add_argument(
+        "--output-dir", type=Path, default=REPO_ROOT / "outputs", help="adapters and checkpoints"
+    )
     parser.add_argument("--ignore-budget", action="store_true", help="start even when the budget says no")
-    parser.add_argument("--memory-sample-ms", type=float, default=5.0, help="how often the memory probe samples")
+    parser.add_argument(
+        "--memory-sample-ms", type=float, default=5.0, help="how often the memory probe samples"
+    )
     parser.add_argument(
         "--memory-cap-gib",
         type=float,
@@ -190,14 +194,16 @@ def grpo_config(s: LabSettings, output_dir: Path, on_gpu: bool, bf16: bool = Tru
 # 5. Train, measure, save
 # ---------------------------------------------------------------------------------------------
 def train(s: LabSettings, sheet, args: argparse.Namespace) -> int:
-    from grpolab import policy  # imports Unsloth first: it patches transformers and TRL
-
     import mlflow
     import torch
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
-    from grpolab import report, tracking
+    from grpolab import (
+        policy,  # imports Unsloth first: it patches transformers and TRL
+        report,
+        tracking,
+    )
     from grpolab.callbacks import LabCallback
     from grpolab.probe import MemoryProbe, is_out_of_memory
     from task import get_task
@@ -286,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OutOfMemory as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"\nerror: {err}", file=sys.stderr)  # on a line of its own, after the progress bar
         return 3
     except KeyboardInterrupt:
         return 130

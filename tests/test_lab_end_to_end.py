@@ -1,0 +1,187 @@
+"""The README's lab command, run for real on CPU, then read back through MLflow's client.
+
+`uv run python labs/grpo-first/train.py` on a machine without a GPU: the tiny Qwen3
+through Unsloth's CPU path, 4-bit bitsandbytes layers, TRL's GRPOTrainer, the budget,
+the probe and the MLflow run. One run is shared by the checks below; the interrupted
+and out-of-memory runs are their own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+from conftest import HAS_CUDA, LAB_DIR, REPO_ROOT, run_lab
+
+from grpolab.settings import load_lab
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(HAS_CUDA, reason="runs the CPU profile; on a GPU the same command runs Qwen3-4B"),
+]
+
+
+def history(ctx, key: str) -> list[float]:
+    points = ctx["client"].get_metric_history(ctx["run"].info.run_id, key)
+    return [p.value for p in sorted(points, key=lambda p: p.step)]
+
+
+def test_it_says_plainly_that_it_runs_the_cpu_stand_in(cpu_lab_run):
+    out = cpu_lab_run["stdout"]
+    assert "No CUDA GPU found" in out and "tiny-qwen3" in out and "not Qwen3-4B" in out
+    assert out.index("No CUDA GPU found") < out.index("Adapter saved to")
+    print(
+        f"README lab command on CPU took {cpu_lab_run['seconds']:.0f} s"
+    )  # shown with pytest -s / in CI logs
+
+
+def test_run_finished_and_is_tagged_with_its_profile(cpu_lab_run):
+    run = cpu_lab_run["run"]
+    assert run.info.status == "FINISHED"
+    tags = run.data.tags
+    assert (tags["profile"], tags["backend"], tags["model_id"]) == ("cpu", "unsloth-cpu", "tiny-qwen3")
+    assert tags["gpu_name"] == "cpu"
+    assert len(tags["uv_lock_sha256"]) == 64
+    assert tags["version/trl"] == "1.15.0" and tags["version/unsloth"]
+
+
+def test_every_config_value_is_a_param(cpu_lab_run):
+    params = cpu_lab_run["run"].data.params
+    expected = load_lab(LAB_DIR, "cpu").as_params()
+    for key, value in expected.items():
+        if key == "lab_dir":
+            continue
+        assert params[key] == value, key
+
+
+def test_per_step_rewards_and_the_learning_signal(cpu_lab_run):
+    steps = load_lab(LAB_DIR, "cpu").max_steps
+    fmt = history(cpu_lab_run, "rewards/format_reward/mean")
+    assert len(fmt) == steps
+    assert len(history(cpu_lab_run, "rewards/correctness_reward/mean")) == steps
+    assert len(history(cpu_lab_run, "loss")) == steps
+    first, last = statistics.mean(fmt[:10]), statistics.mean(fmt[-10:])
+    print(f"format reward: first 10 steps {first:.4f}, last 10 steps {last:.4f}")
+    assert last > first, f"no learning signal: first 10 {first:.4f}, last 10 {last:.4f}"
+
+
+def test_memory_is_measured_and_paired_with_the_budget(cpu_lab_run):
+    metrics = cpu_lab_run["run"].data.metrics
+    assert metrics["memory/process_peak_gib"] > 0.1  # a Python process with torch imported
+    assert len(history(cpu_lab_run, "memory/step_peak_gib")) == load_lab(LAB_DIR, "cpu").max_steps
+    for line in ("base_weights", "lora_params", "lora_grads", "optimizer_states", "reference_policy"):
+        assert f"budget/{line}" in metrics and f"measured/{line}" in metrics, line
+        assert f"diff/{line}" in metrics
+    # The exact lines agree with the tensors the run really held.
+    for line in ("lora_params", "lora_grads", "optimizer_states", "reference_policy"):
+        assert abs(metrics[f"rel_error/{line}"]) < 0.01, (line, metrics[f"rel_error/{line}"])
+    assert abs(metrics["rel_error/base_weights"]) < 0.05
+    assert "measured/total" in metrics and "rel_error/total" in metrics
+    labels = json.loads(cpu_lab_run["run"].data.tags["memory_labels"])
+    assert "resident set" in labels["memory/process_peak_gib"]
+
+
+def test_the_budget_logged_is_the_one_the_cli_prints(cpu_lab_run):
+    cli = subprocess.run(
+        [sys.executable, "-m", "budgets", "--lab", "labs/grpo-first", "--profile", "cpu", "--json"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    sheet = json.loads(cli.stdout)
+    metrics = cpu_lab_run["run"].data.metrics
+    for line in sheet["lines"]:
+        assert metrics[f"budget/{line['name']}"] == pytest.approx(line["bytes"] / 1024**3, rel=1e-9), line[
+            "name"
+        ]
+    assert metrics["budget/total"] == pytest.approx(sheet["total_bytes"] / 1024**3)
+
+
+def test_artifacts_adapter_chart_table_and_sheet(cpu_lab_run):
+    client, run_id = cpu_lab_run["client"], cpu_lab_run["run"].info.run_id
+    adapter = {a.path for a in client.list_artifacts(run_id, "adapter")}
+    assert {"adapter/adapter_model.safetensors", "adapter/adapter_config.json"} <= adapter
+    memory = {a.path for a in client.list_artifacts(run_id, "memory")}
+    assert {"memory/budget_vs_measured.png", "memory/budget_vs_measured.md"} <= memory
+    budget = {a.path for a in client.list_artifacts(run_id, "budget")}
+    assert {"budget/sheet.txt", "budget/sheet.json"} <= budget
+    assert cpu_lab_run["run"].data.tags["mlflow.note.content"].startswith("The budget ")
+
+
+def _watch(process: subprocess.Popen, seen: list[str], marker: str, event: threading.Event) -> None:
+    for line in process.stdout:
+        seen.append(line)
+        if marker in line:
+            event.set()
+
+
+def test_ctrl_c_ends_the_run_killed_and_keeps_the_adapter(tmp_path):
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "PYTHONUNBUFFERED": "1",
+    }
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(LAB_DIR / "train.py"),
+            "--max-steps",
+            "500",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    seen: list[str] = []
+    training = threading.Event()
+    reader = threading.Thread(target=_watch, args=(process, seen, "'step_time'", training), daemon=True)
+    reader.start()
+    assert training.wait(timeout=400), "training never started:\n" + "".join(seen[-40:])
+    time.sleep(2)
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=120) == 130
+    reader.join(timeout=5)
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    (run,) = mlflow.search_runs(experiment_names=["grpo-first"], output_format="list")
+    assert run.info.status == "KILLED"
+    assert "measured/lora_params" in run.data.metrics
+    assert "run ended KILLED" in run.data.tags["mlflow.note.content"]
+    assert list((tmp_path / "out").glob("grpo-first/*/adapter/adapter_model.safetensors"))
+
+
+def test_running_out_of_memory_leaves_a_failed_run_with_peak_phase_and_line(tmp_path):
+    result = run_lab(
+        ["--profile", "cpu", "--max-steps", "3", "--memory-cap-gib", "0.02"], tmp_path, timeout=400
+    )
+    assert result.returncode == 3, result.stderr[-3000:]
+    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error: out of memory")]
+    assert "lower" in error or "use" in error
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = mlflow.search_runs(experiment_names=["grpo-first"], output_format="list")
+    assert run.info.status == "FAILED"
+    assert run.data.metrics["oom/peak_gib"] > 0
+    assert run.data.tags["oom_phase"] in {"load", "generate", "train_step", "train"}
+    assert run.data.tags["oom_line"] in json.dumps(
+        json.loads(
+            Path(
+                mlflow.artifacts.download_artifacts(
+                    run_id=run.info.run_id, artifact_path="budget/sheet.json", dst_path=str(tmp_path)
+                )
+            ).read_text()
+        )["lines"]
+    )
+    assert not list((tmp_path / "outputs").glob("*/*/adapter")), "no adapter for a run that never trained"

@@ -1,0 +1,133 @@
+"""The memory probe on CPU, the tensor accounting against bitsandbytes, and MLflow run endings."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import mlflow
+import pytest
+import torch
+
+from grpolab import tracking
+from grpolab.probe import (
+    MemoryProbe,
+    is_out_of_memory,
+    model_bytes_by_kind,
+    optimizer_state_bytes,
+    quant_state_bytes,
+)
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    tracking.use_store()
+    yield tmp_path
+    while mlflow.active_run():
+        mlflow.end_run()
+
+
+def test_probe_catches_a_short_peak_inside_its_phase():
+    probe = MemoryProbe("cpu", interval_s=0.002).start()
+    try:
+        with probe.phase("idle") as idle:
+            time.sleep(0.05)
+        with probe.phase("spike") as spike:
+            block = torch.ones(64 * 1024 * 1024 // 4)  # 64 MiB, touched so it is resident
+            time.sleep(0.05)
+            del block
+        assert spike.process_bytes - idle.process_bytes > 48 * 1024**2
+        assert [p.name for p in probe.phases] == ["idle", "spike"]
+        assert probe.host_runtime_bytes and probe.host_runtime_bytes > 0
+    finally:
+        probe.stop()
+
+
+def test_nested_phases_credit_the_peak_to_both_and_remember_the_failing_phase():
+    probe = MemoryProbe("cpu", interval_s=0.002).start()
+    try:
+        with pytest.raises(RuntimeError), probe.phase("train") as outer:
+            with probe.phase("train_step", keep=False) as inner:
+                block = torch.ones(32 * 1024 * 1024 // 4)
+                time.sleep(0.03)
+                del block
+            raise RuntimeError("boom")
+        assert outer.process_bytes >= inner.process_bytes > 0
+        assert probe.failed_phase == "train_step" or probe.failed_phase == "train"
+        assert [p.name for p in probe.phases] == ["train"]
+    finally:
+        probe.stop()
+
+
+def test_four_bit_bytes_are_what_bitsandbytes_allocates():
+    import bitsandbytes as bnb
+
+    layer = bnb.nn.Linear4bit(256, 512, bias=False, quant_type="nf4", compress_statistics=True)
+    layer.weight = bnb.nn.Params4bit(torch.randn(512, 256), requires_grad=False, quant_type="nf4")
+    layer.weight._quantize("cpu")
+    packed = layer.weight.data.numel() * layer.weight.data.element_size()
+    assert packed == 512 * 256 // 2
+    qs = layer.weight.quant_state
+    expected = sum(t.numel() * t.element_size() for t in (qs.absmax, qs.code))
+    expected += sum(t.numel() * t.element_size() for t in (qs.state2.absmax, qs.state2.code))
+    if qs.offset is not None:
+        expected += qs.offset.numel() * qs.offset.element_size()
+    assert quant_state_bytes(layer.weight) == expected > 0
+    assert model_bytes_by_kind(layer)["base_weights"] == packed + expected
+
+
+def test_lora_and_ref_adapter_bytes_are_split_by_kind():
+    from peft import LoraConfig, get_peft_model
+
+    from grpolab.tiny_model import build_model
+
+    model = get_peft_model(build_model(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    model.add_adapter("ref", model.peft_config["default"])  # what TRL does when beta > 0
+    kinds = model_bytes_by_kind(model)
+    lora = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if ".default." in n)
+    assert kinds["lora_params"] == lora
+    assert kinds["reference_policy"] == lora
+
+
+def test_optimizer_states_are_counted_once_per_tensor():
+    p = torch.nn.Parameter(torch.randn(10, 10))
+    opt = torch.optim.AdamW([p])
+    p.grad = torch.ones_like(p)
+    opt.step()
+    assert optimizer_state_bytes(opt) == 2 * 100 * 4
+
+
+def test_out_of_memory_errors_are_recognised():
+    assert is_out_of_memory(MemoryError())
+    assert is_out_of_memory(
+        RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes")
+    )
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
+    assert not is_out_of_memory(RuntimeError("shape mismatch"))
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [(None, "FINISHED"), (ValueError("crash"), "FAILED"), (KeyboardInterrupt(), "KILLED")],
+)
+def test_a_run_ends_with_the_status_it_earned_and_keeps_what_it_logged(store, error, status):
+    expectation = pytest.raises(type(error)) if error else contextlib.nullcontext()
+    with expectation, tracking.lab_run("test-chapter", "r", {"profile": "cpu"}) as run:
+        mlflow.log_metric("reward", 0.5)
+        if error:
+            raise error
+    finished = mlflow.get_run(run.info.run_id)
+    assert finished.info.status == status
+    assert finished.data.metrics["reward"] == 0.5
+
+
+def test_the_default_store_is_the_repository_sqlite_file(monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking.tracking_uri() == f"sqlite:///{tracking.REPO_ROOT / 'mlflow.db'}"
+
+
+def test_run_context_records_versions_and_the_lock(store):
+    versions = tracking.library_versions()
+    assert versions["version/trl"] == "1.15.0"
+    assert len(tracking.lock_hash()) == 64
