@@ -208,12 +208,11 @@ def comparison_table(c: Comparison) -> str:
 
 
 def comparison_chart(c: Comparison, step_peaks: list[tuple[int, int]], sheet):
-    import matplotlib
+    # A bare Figure, not pyplot: no backend is switched, so a notebook's inline plots keep working.
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (bars, curve) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
+    fig = Figure(figsize=(13, 4.8))
+    bars, curve = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
     names = c.paired
     largest = max([c.budget[n] for n in names] + [c.measured[n] for n in names] + [1])
     unit, size = next(

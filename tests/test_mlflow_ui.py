@@ -26,7 +26,9 @@ pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (installed by .ci/run)"),
-    pytest.mark.skipif(HAS_CUDA, reason="reads the CPU lab run; on a GPU run the lab and open the UI by hand"),
+    pytest.mark.skipif(
+        HAS_CUDA, reason="reads the CPU lab run; on a GPU run the lab and open the UI by hand"
+    ),
 ]
 
 
@@ -99,7 +101,12 @@ def test_run_page_shows_budget_and_measured_side_by_side(mlflow_ui, page, cpu_la
     run = cpu_lab_run["run"]
     page.goto(run_url(mlflow_ui, run))
     page.get_by_text("FINISHED", exact=False).first.wait_for(timeout=60_000)
-    for name in ("budget/lora_params", "measured/lora_params", "budget/base_weights", "measured/base_weights"):
+    for name in (
+        "budget/lora_params",
+        "measured/lora_params",
+        "budget/base_weights",
+        "measured/base_weights",
+    ):
         search = page.get_by_placeholder("Search metrics", exact=False)
         if search.count():
             search.first.fill(name)
@@ -117,7 +124,9 @@ def test_artifact_view_opens_the_chart_and_the_table(mlflow_ui, page, cpu_lab_ru
     page.get_by_text("budget_vs_measured.md", exact=True).first.click(timeout=30_000)
     page.get_by_text("The budget", exact=False).first.wait_for(timeout=30_000)
     page.get_by_text("budget_vs_measured.png", exact=True).first.click(timeout=30_000)
-    image = page.locator("img[src*='budget_vs_measured.png'], img[src*='get-artifact'], img[src^='blob:']").first
+    image = page.locator(
+        "img[src*='budget_vs_measured.png'], img[src*='get-artifact'], img[src^='blob:']"
+    ).first
     image.wait_for(timeout=30_000)
     assert image.evaluate("img => img.complete && img.naturalWidth > 0")
     assistant = page.get_by_text("MLflow Assistant", exact=False)

@@ -1,0 +1,260 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 1 — a first GRPO run on one 16 GB GPU
+#
+# This notebook follows `labs/grpo-first/train.py` step by step. Every cell calls the lab's own
+# code (the task, the budget, the policy loader, the lab's `main`), so what you see here is what the
+# script does. On a CUDA GPU it runs the real profile (Qwen3-4B in 4-bit, vLLM in the same process);
+# without one it runs the lab's CPU stand-in and says so below.
+#
+# Runs go to the same MLflow store as the lab (`mlflow.db` at the repository root, or
+# `MLFLOW_TRACKING_URI` if you set it before starting Jupyter).
+
+# %%
+import importlib.util
+from pathlib import Path
+
+REPO = next(p for p in [Path.cwd(), *Path.cwd().parents] if (p / "labs" / "grpo-first" / "lab.toml").exists())
+LAB_DIR = REPO / "labs" / "grpo-first"
+
+# The lab script is the source of truth: load it as a module and use its functions.
+spec = importlib.util.spec_from_file_location("grpo_first", LAB_DIR / "train.py")
+lab = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(lab)
+
+profile = lab.choose_profile("auto")
+if profile == "cpu":
+    print("No CUDA GPU found: this notebook runs the lab's CPU profile, a tiny random Qwen3 on the CPU.")
+    print("The loop, rewards, budget and tracking are the real ones; the numbers are not Qwen3-4B's.")
+else:
+    print("CUDA GPU found: this notebook runs the lab's real profile, Qwen3-4B in 4-bit with vLLM.")
+
+# %% [markdown]
+# ## 1. The settings
+#
+# Everything the lab trains with lives in `labs/grpo-first/lab.toml`, one table per profile. A short
+# run here: fewer steps than the script's default, everything else as in the lab.
+
+# %%
+from grpolab.settings import check, load_lab
+
+STEPS = 30 if profile == "cpu" else 20
+settings = load_lab(LAB_DIR, profile, max_steps=STEPS)
+check(settings)
+{
+    k: v
+    for k, v in settings.as_params().items()
+    if k
+    in (
+        "model",
+        "num_generations",
+        "max_completion_length",
+        "learning_rate",
+        "beta",
+        "loss_type",
+        "max_steps",
+    )
+}
+
+# %% [markdown]
+# ## 2. The budget, before anything loads
+#
+# Each line of what one GRPO step holds, with its formula: exact arithmetic where the libraries'
+# allocations can be computed (weights, LoRA, optimizer states), estimates where only a
+# measurement settles it (activations, vLLM's profiling pass). The total is the peak over the phases
+# of a step (start, generate, train).
+
+# %%
+import pandas as pd
+
+sheet = lab.budget_sheet(settings)
+GIB = 1024**3
+budget_table = pd.DataFrame(
+    [
+        {
+            "line": line.name,
+            "GiB": line.bytes / GIB,
+            "kind": "estimate" if line.estimate else "exact",
+            "formula": line.formula,
+        }
+        for line in sheet.lines
+    ]
+)
+print(sheet.verdict())
+budget_table.style.format({"GiB": "{:.4f}"})
+
+# %%
+import matplotlib.pyplot as plt
+
+ax = budget_table.plot.barh(x="line", y="GiB", legend=False, figsize=(8, 4), log=profile == "cpu")
+ax.set_xlabel("GiB" + (" (log scale: the tiny model's lines are kilobytes)" if profile == "cpu" else ""))
+ax.set_title(
+    f"Budget of one GRPO step: peak {sheet.total_bytes / GIB:.2f} GiB of {sheet.capacity_bytes / GIB:.2f}"
+)
+plt.tight_layout()
+
+# %% [markdown]
+# ## 3. The task and its rewards
+#
+# Addition of two integers in 0..999, answered as one integer inside `<ans></ans>`. Two rewards with
+# TRL's signature: correctness (1.0 when the answer is the sum) and format (0.2 for exactly one
+# well-formed tag). Try them on completions you write; several below should score zero.
+
+# %%
+from task import get_task
+from task.rewards import correctness_reward, format_reward
+
+task = get_task(settings.task)
+prompts = task.build_dataset(4, seed=0)
+print(prompts[0]["prompt"][-1]["content"], "->", prompts[0]["target"])
+
+target = prompts[0]["target"]
+completions = [
+    f"<ans>{target}</ans>",  # right and well formed: 1.0 + 0.2
+    f"The sum is <ans> {target} </ans>.",  # spaces around the number are fine
+    f"<ans>{target + 1}</ans>",  # well formed, wrong: 0.2
+    f"{target}",  # right number, no tag: 0
+    f"<ans>{target}</ans><ans>{target}</ans>",  # two tags: 0
+    "<ans>4 2</ans>",  # a space inside the number: not an integer
+    "",  # empty: 0, and no exception
+]
+chat = [[{"role": "assistant", "content": c}] for c in completions]  # as TRL passes them
+pd.DataFrame(
+    {
+        "completion": completions,
+        "correctness": correctness_reward(
+            prompts=[None] * len(chat), completions=chat, target=[target] * len(chat)
+        ),
+        "format": format_reward(prompts=[None] * len(chat), completions=chat),
+    }
+)
+
+# %% [markdown]
+# ## 4. Loading the policy
+#
+# Unsloth loads the base model in 4-bit (bitsandbytes `Linear4bit` layers) and attaches LoRA adapters.
+# On the CPU profile we load it here to look inside; on a GPU the lab's run below loads it (a second
+# in-process vLLM engine would not fit beside the first).
+
+# %%
+if profile == "cpu":
+    from grpolab import policy
+    from grpolab.probe import model_bytes_by_kind
+
+    model, tokenizer = policy.load_policy(settings)
+    layer = model.base_model.model.model.layers[0].self_attn.q_proj
+    print("q_proj of layer 0:", type(layer.base_layer).__name__, "with LoRA r =", layer.r["default"])
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    print(f"trainable parameters: {trainable:,} (the budget says {sheet.to_dict()['trainable_params']:,})")
+    print(
+        {k: f"{v:,} B" for k, v in model_bytes_by_kind(model).items()},
+        f"budget base_weights: {sheet.line('base_weights').bytes:,} B",
+    )
+    del model, tokenizer
+else:
+    print("On the GPU the policy is loaded by the run below.")
+
+# %% [markdown]
+# ## 5. A short GRPO run
+#
+# The lab's own `main`, with the same settings plus a shorter run. It prints the budget sheet again,
+# trains, measures, saves the adapter and logs everything to MLflow.
+
+# %%
+import mlflow
+
+from grpolab import tracking
+
+exit_code = lab.main(["--profile", profile, "--max-steps", str(STEPS)])
+assert exit_code == 0, f"the lab exited with {exit_code}"
+
+tracking.use_store()
+run = mlflow.search_runs(
+    experiment_names=[settings.chapter],
+    order_by=["attributes.start_time DESC"],
+    max_results=1,
+    output_format="list",
+)[0]
+print("run", run.info.run_id, run.info.status)
+
+# %% [markdown]
+# ## 6. Reading the run back from MLflow
+#
+# The reward curves TRL logged per step, then the memory: the peak, and every budget line beside
+# what the run measured for it.
+
+# %%
+client = mlflow.MlflowClient()
+
+
+def curve(key):
+    points = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
+    return [m.step for m in points], [m.value for m in points]
+
+
+fig, (rewards, memory) = plt.subplots(1, 2, figsize=(12, 3.5))
+for key in ("rewards/format_reward/mean", "rewards/correctness_reward/mean"):
+    rewards.plot(*curve(key), label=key.split("/")[1])
+rewards.set_xlabel("step")
+rewards.set_title("Rewards per step")
+rewards.legend()
+memory.plot(*curve("memory/step_peak_gib"), label="measured peak per step")
+memory.axhline(sheet.total_bytes / GIB, linestyle="--", label="budget (sheet peak)")
+memory.set_xlabel("step")
+memory.set_ylabel("GiB")
+memory.set_title("Peak memory")
+memory.legend()
+plt.tight_layout()
+
+# %%
+metrics = run.data.metrics
+comparison = pd.DataFrame(
+    [
+        {
+            "line": line.name,
+            "budget": metrics[f"budget/{line.name}"],
+            "measured": metrics.get(f"measured/{line.name}"),
+            "rel. error": metrics.get(f"rel_error/{line.name}"),
+        }
+        for line in sheet.lines
+    ]
+)
+print(run.data.tags["mlflow.note.content"])
+comparison.style.format(
+    {"budget": "{:.6f}", "measured": "{:.6f}", "rel. error": "{:+.1%}"}, na_rep="not measured"
+)
+
+# %%
+paired = comparison.dropna()
+ax = paired.plot.bar(x="line", y=["budget", "measured"], logy=profile == "cpu", figsize=(8, 3.5), rot=30)
+ax.set_ylabel("GiB")
+ax.set_title("Budget vs measured, per line")
+plt.tight_layout()
+
+# %% [markdown]
+# ## 7. The same run in the MLflow UI
+#
+# From the repository root:
+#
+# ```bash
+# uv run mlflow ui --backend-store-uri sqlite:///mlflow.db
+# ```
+#
+# then open http://127.0.0.1:5000, experiment `grpo-first`, and the run printed above: the reward
+# curves under *Model metrics*, `budget/*` and `measured/*` side by side under *Overview*, and the
+# chart and table under *Artifacts → memory*.
+
+# %%
+print(f"experiment {settings.chapter}, run {run.info.run_id}, store {tracking.tracking_uri()}")
