@@ -1,0 +1,125 @@
+"""Every command in the README is exercised: here, by another test, or by .ci/run.
+
+A command added to the README without a way to exercise it fails this test.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import HAS_CUDA, REPO_ROOT
+
+README = REPO_ROOT / "README.md"
+
+# Commands another file runs, and the text in that file that shows it runs exactly this one.
+RUN_ELSEWHERE = {
+    "uv run python labs/grpo-first/train.py": (
+        "tests/conftest.py",
+        '["uv", "run", "python", "labs/grpo-first/train.py"]',
+    ),
+    "uv run pytest": (".ci/run", "uv run pytest"),
+    "uv run mlflow ui --backend-store-uri sqlite:///mlflow.db": (
+        "tests/test_mlflow_ui.py",
+        '["mlflow", "ui", "--backend-store-uri", "sqlite:///mlflow.db"]',
+    ),
+    "uv run jupyter lab": ("tests/test_notebooks.py", '["uv", "run", "jupyter", "lab"]'),
+}
+BUDGET_COMMANDS = {
+    "uv run python -m budgets --lab labs/grpo-first",
+    "uv run python -m budgets --lab labs/grpo-first --profile cpu",
+    "uv run python -m budgets --model qwen3-8b --gpu rtx-4090 --generations 16 --batch 16 --headroom",
+    "uv run python -m budgets --model qwen3-32b --quant bf16 --gpu h100-sxm --gpus 4 --layout server --vllm-gpus 2 --json",
+}
+LAB_WITH_FLAGS = (
+    "uv run python labs/grpo-first/train.py --max-steps 20 --num-generations 4 --max-completion-length 16 "
+    "--learning-rate 2e-2 --output-dir /tmp/grpo"
+)
+JUPYTEXT_SYNC = "uv run jupytext --sync notebooks/*.py"
+
+
+def readme_commands() -> set[str]:
+    commands = set()
+    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #")[0].strip()
+            if line.startswith("uv "):
+                commands.add(" ".join(line.split()))
+    return commands
+
+
+def uv_or_python(command: str) -> list[str]:
+    """`uv run X` as written when uv is on PATH, else X in this interpreter."""
+    words = shlex.split(command)
+    if shutil.which("uv"):
+        return words
+    rest = words[2:]
+    return [sys.executable, *rest[1:]] if rest[0] == "python" else [sys.executable, "-m", *rest]
+
+
+def test_every_readme_command_is_accounted_for():
+    known = set(RUN_ELSEWHERE) | BUDGET_COMMANDS | {LAB_WITH_FLAGS, JUPYTEXT_SYNC}
+    assert readme_commands() == known, (
+        f"new README commands: {readme_commands() - known}; gone: {known - readme_commands()}"
+    )
+
+
+@pytest.mark.parametrize("command", sorted(RUN_ELSEWHERE))
+def test_commands_run_elsewhere_really_are(command):
+    path, marker = RUN_ELSEWHERE[command]
+    assert marker in (REPO_ROOT / path).read_text(), f"{path} no longer runs `{command}`"
+
+
+@pytest.mark.parametrize("command", sorted(BUDGET_COMMANDS))
+def test_budget_commands(command):
+    result = subprocess.run(uv_or_python(command), cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert ("fits" in result.stdout) or ('"fits"' in result.stdout)
+
+
+def test_jupytext_sync_leaves_the_pair_unchanged(tmp_path):
+    (tmp_path / "notebooks").mkdir()
+    for path in (REPO_ROOT / "notebooks").glob("*"):
+        if path.suffix in {".py", ".ipynb"}:
+            shutil.copy2(path, tmp_path / "notebooks" / path.name)
+    before = {p.name: p.read_text() for p in (tmp_path / "notebooks").glob("*.ipynb")}
+    words = uv_or_python(JUPYTEXT_SYNC)
+    files = sorted(str(p) for p in (tmp_path / "notebooks").glob("*.py"))
+    command = (
+        [*words[:-1], *files] if shutil.which("uv") else [sys.executable, "-m", "jupytext", "--sync", *files]
+    )
+    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    import nbformat
+
+    for name, text in before.items():
+        old, new = nbformat.reads(text, 4), nbformat.read(tmp_path / "notebooks" / name, 4)
+        assert [c.source for c in old.cells] == [c.source for c in new.cells]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(HAS_CUDA, reason="runs the CPU profile with the README's flags")
+def test_lab_with_the_readme_flags(tmp_path):
+    words = uv_or_python(LAB_WITH_FLAGS)
+    out = tmp_path / "grpo"
+    words[words.index("/tmp/grpo")] = str(out)  # same flags, a private folder
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    result = subprocess.run(words, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    import mlflow
+
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    (run,) = mlflow.search_runs(experiment_names=["grpo-first"], output_format="list")
+    params = run.data.params
+    assert (params["max_steps"], params["num_generations"], params["per_device_train_batch_size"]) == (
+        "20",
+        "4",
+        "4",
+    )
+    assert (params["max_completion_length"], params["learning_rate"]) == ("16", "0.02")
+    assert list(out.glob("grpo-first/*/adapter/adapter_config.json"))
