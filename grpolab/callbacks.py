@@ -19,7 +19,6 @@ class LabCallback(TrainerCallback):
         self.probe = probe
         self.measured: dict[str, int] = {}  # budget line -> bytes, filled in during training
         self.step_peaks: list[tuple[int, int]] = []
-        self.log_history: list[dict] = []
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
         # The gradients exist only between backward and the optimizer's zero_grad: read them here.
@@ -35,12 +34,20 @@ class LabCallback(TrainerCallback):
             )
         peak = self.probe.step_peak_bytes()
         self.step_peaks.append((state.global_step, peak))
-        mlflow.log_metric("memory/step_peak_gib", peak / GIB, step=state.global_step)
+        metrics = {"memory/step_peak_gib": peak / GIB}
+        # This step's generation and training pass, each measured as a phase of its own.
+        for phase, peaks in self.probe.step_phase_peaks.items():
+            if peaks:
+                metrics[f"memory/{phase}_peak_gib"] = peaks[-1].process_bytes / GIB
+                if self.probe.device == "cuda":
+                    metrics[f"memory/{phase}_torch_allocated_peak_gib"] = (
+                        peaks[-1].torch_allocated_bytes / GIB
+                    )
+        mlflow.log_metrics(metrics, step=state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         import mlflow
 
         metrics = numeric_metrics(logs or {})
         if metrics:
-            self.log_history.append({"step": state.global_step, **metrics})
             mlflow.log_metrics(metrics, step=state.global_step)

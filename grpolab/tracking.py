@@ -70,11 +70,24 @@ def artifact_location(uri: str, chapter: str) -> str | None:
 
 
 @contextmanager
-def lab_run(chapter: str, run_name: str, tags: dict[str, str]) -> Iterator[object]:
-    """Start an MLflow run and end it with the status it earned: FINISHED, FAILED or KILLED."""
+def lab_run(
+    chapter: str, run_name: str, tags: dict[str, str], system_metrics_interval_s: float | None = None
+) -> Iterator[object]:
+    """Start an MLflow run and end it with the status it earned: FINISHED, FAILED or KILLED.
+
+    With `system_metrics_interval_s`, MLflow's own system metrics (CPU, RAM, and GPU memory
+    through NVML) are sampled at that interval beside the lab's probe.
+    """
     import mlflow
 
-    run = mlflow.start_run(experiment_id=experiment_id(chapter), run_name=run_name, tags=tags)
+    if system_metrics_interval_s is not None:
+        mlflow.set_system_metrics_sampling_interval(system_metrics_interval_s)
+    run = mlflow.start_run(
+        experiment_id=experiment_id(chapter),
+        run_name=run_name,
+        tags=tags,
+        log_system_metrics=system_metrics_interval_s is not None,
+    )
     try:
         yield run
     except KeyboardInterrupt:

@@ -77,7 +77,14 @@ def test_per_step_rewards_and_the_learning_signal(cpu_lab_run):
 def test_memory_is_measured_and_paired_with_the_budget(cpu_lab_run):
     metrics = cpu_lab_run["run"].data.metrics
     assert metrics["memory/process_peak_gib"] > 0.1  # a Python process with torch imported
-    assert len(history(cpu_lab_run, "memory/step_peak_gib")) == load_lab(LAB_DIR, "cpu").max_steps
+    steps = load_lab(LAB_DIR, "cpu").max_steps
+    assert len(history(cpu_lab_run, "memory/step_peak_gib")) == steps
+    # Each step's generation and training pass are phases of their own.
+    assert len(history(cpu_lab_run, "memory/generate_peak_gib")) == steps
+    assert len(history(cpu_lab_run, "memory/train_step_peak_gib")) == steps
+    assert "memory/phase/load/process_peak_gib" in metrics
+    # MLflow's own system metrics run beside the probe.
+    assert any(key.startswith("system/") for key in metrics)
     for line in ("base_weights", "lora_params", "lora_grads", "optimizer_states", "reference_policy"):
         assert f"budget/{line}" in metrics and f"measured/{line}" in metrics, line
         assert f"diff/{line}" in metrics

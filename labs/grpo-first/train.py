@@ -59,6 +59,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--memory-sample-ms", type=float, default=5.0, help="how often the memory probe samples"
     )
     parser.add_argument(
+        "--system-metrics-interval",
+        type=float,
+        default=2.0,
+        help="seconds between MLflow's system metrics samples (too coarse for peaks: the probe catches those)",
+    )
+    parser.add_argument(
         "--memory-cap-gib",
         type=float,
         help="cap memory after loading (GPU: torch's allocator; CPU: address space) to rehearse an out-of-memory",
@@ -219,7 +225,7 @@ def train(s: LabSettings, sheet, args: argparse.Namespace) -> int:
     output_dir = args.output_dir / s.chapter / run_name
     tags = {"profile": s.profile, "backend": s.backend, "model_id": s.model, "chapter": s.chapter}
 
-    with tracking.lab_run(s.chapter, run_name, tags) as run:
+    with tracking.lab_run(s.chapter, run_name, tags, args.system_metrics_interval) as run:
         tracking.log_run_context(s, sheet)
         report.log_budget(sheet)
         callback = LabCallback(probe)
