@@ -11,11 +11,10 @@ chart and the table land in the run's artifacts, the verdict in its description.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grpolab.atomic import save_pretrained_atomically
 from grpolab.probe import GIB, MEMORY_LABELS, MemoryProbe, model_bytes_by_kind
 
 # Lines the lab measures, and how, for the notes in the table.
@@ -246,19 +245,8 @@ def comparison_chart(c: Comparison, step_peaks: list[tuple[int, int]], sheet):
 
 
 def save_adapter(model, tokenizer, output_dir: Path) -> Path:
-    """Write the LoRA adapter under output_dir/adapter atomically: a folder appears whole or not at all."""
-    output_dir.mkdir(parents=True, exist_ok=True)
-    final = output_dir / "adapter"
-    staging = Path(tempfile.mkdtemp(prefix=".adapter-", dir=output_dir))
-    try:
-        model.save_pretrained(str(staging))
-        tokenizer.save_pretrained(str(staging))
-        if final.exists():
-            shutil.rmtree(final)
-        staging.rename(final)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return final
+    """Write the LoRA adapter (and tokenizer) to output_dir/adapter, whole or not at all."""
+    return save_pretrained_atomically(model, tokenizer, output_dir / "adapter")
 
 
 def peak_lines(probe: MemoryProbe) -> list[str]:

@@ -11,10 +11,10 @@ like any model from the Hub.
 from __future__ import annotations
 
 import json
-import shutil
 import string
-import tempfile
 from pathlib import Path
+
+from grpolab.atomic import save_pretrained_atomically
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_PATH = REPO_ROOT / "budgets" / "models" / "tiny-qwen3.json"
@@ -90,18 +90,7 @@ def ensure_tiny_model(path: Path = DEFAULT_CACHE) -> Path:
     path = Path(path)
     if (path / "config.json").exists() and (path / "tokenizer.json").exists():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tiny-qwen3-", dir=path.parent))
-    try:
-        tokenizer = build_tokenizer()
-        model = build_model()
-        if model.config.vocab_size < len(tokenizer):
-            raise RuntimeError(f"tiny vocab {model.config.vocab_size} < tokenizer size {len(tokenizer)}")
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        if path.exists():
-            shutil.rmtree(path)
-        staging.rename(path)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return path
+    tokenizer, model = build_tokenizer(), build_model()
+    if model.config.vocab_size < len(tokenizer):
+        raise RuntimeError(f"tiny vocab {model.config.vocab_size} < tokenizer size {len(tokenizer)}")
+    return save_pretrained_atomically(model, tokenizer, path)
