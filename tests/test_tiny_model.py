@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -61,3 +62,16 @@ def test_cache_is_built_once_and_reloads_offline(tmp_path, monkeypatch):
     out = model(**tok("What is 1 + 2?", return_tensors="pt"))
     assert out.logits.shape[-1] == model.config.vocab_size
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"], "no staging folder left behind"
+
+
+def test_an_interrupted_save_leaves_no_folder(tmp_path):
+    from grpolab.atomic import save_pretrained_atomically
+
+    class Breaks:
+        def save_pretrained(self, path):
+            (Path(path) / "half-written.bin").write_bytes(b"\0" * 10)
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        save_pretrained_atomically(Breaks(), build_tokenizer(), tmp_path / "adapter")
+    assert list(tmp_path.iterdir()) == []
