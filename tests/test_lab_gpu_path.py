@@ -10,7 +10,7 @@ import inspect
 from pathlib import Path
 
 import pytest
-from conftest import LAB_DIR, gpu_only
+from conftest import LAB_DIR, REPO_ROOT, gpu_only
 
 from grpolab.settings import load_lab
 
@@ -111,3 +111,24 @@ def test_real_profile_starts_vllm_at_the_lab_share(gpu_settings):
     model, _ = policy.load_policy(gpu_settings)
     kv = policy.vllm_kv_cache_bytes(model)
     assert kv["kv_cache_tokens"] >= gpu_settings.num_generations * gpu_settings.max_seq_length
+
+
+def test_unsloth_is_imported_before_trl_and_transformers():
+    """On a GPU Unsloth swaps TRL's GRPOTrainer for its own when it is imported; a trainer
+    class imported before that is TRL's plain one, which would not drive Unsloth's vLLM."""
+    import ast
+
+    tree = ast.parse((LAB_DIR / "train.py").read_text())
+    train = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train")
+    order = []
+    for node in train.body:
+        if isinstance(node, ast.ImportFrom):
+            order += [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            order += [a.name for a in node.names]
+    first_heavy = min(
+        i for i, name in enumerate(order) if name.split(".")[0] in {"trl", "transformers", "torch"}
+    )
+    assert order.index("grpolab.policy") < first_heavy, order
+    policy_source = (REPO_ROOT / "grpolab" / "policy.py").read_text()
+    assert "from unsloth import FastLanguageModel" in policy_source.split("def ")[0]

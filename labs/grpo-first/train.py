@@ -200,16 +200,17 @@ def grpo_config(s: LabSettings, output_dir: Path, on_gpu: bool, bf16: bool = Tru
 # 5. Train, measure, save
 # ---------------------------------------------------------------------------------------------
 def train(s: LabSettings, sheet, args: argparse.Namespace) -> int:
+    # Unsloth first: on import it patches transformers and TRL (on a GPU, TRL's GRPOTrainer
+    # becomes Unsloth's, which drives the in-process vLLM engine).
+    from grpolab import policy
+
+    # isort: split
     import mlflow
     import torch
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
-    from grpolab import (
-        policy,  # imports Unsloth first: it patches transformers and TRL
-        report,
-        tracking,
-    )
+    from grpolab import report, tracking
     from grpolab.callbacks import LabCallback
     from grpolab.probe import MemoryProbe, is_out_of_memory
     from task import get_task
