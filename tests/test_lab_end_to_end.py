@@ -71,7 +71,7 @@ def test_per_step_rewards_and_the_learning_signal(cpu_lab_run):
     assert len(history(cpu_lab_run, "loss")) == steps
     first, last = statistics.mean(fmt[:10]), statistics.mean(fmt[-10:])
     print(f"format reward: first 10 steps {first:.4f}, last 10 steps {last:.4f}")
-    assert last > first, f"no learning signal: first 10 {first:.4f}, last 10 {last:.4f}"
+    assert last - first >= 0.02, f"no learning signal: first 10 {first:.4f}, last 10 {last:.4f}"
 
 
 def test_memory_is_measured_and_paired_with_the_budget(cpu_lab_run):
