@@ -28,7 +28,7 @@ ADVICE = {
     "cuda_graphs": "run vLLM with enforce_eager",
     "vllm_lora_slots": "lower max_lora_rank",
 }
-FIXED = {"cuda_context", "host_runtime", "other_processes"}
+FIXED = {"cuda_context", "host_runtime", "host_shape_caches", "other_processes"}
 
 
 def _peak_problems(lines: list[Line], phases: dict[str, int], capacity: int) -> list[tuple[str, str]]:

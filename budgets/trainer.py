@@ -25,9 +25,14 @@ ALL = ("start", "generate", "train")
 # Driver context, kernel images (lazy loading) and cuBLAS workspaces of one CUDA process: the part
 # of the card no allocator reports (torch.cuda.max_memory_allocated misses it; NVML sees it).
 CUDA_CONTEXT_BYTES = 512 * MIB
-# RSS of a Python process after importing torch, transformers, unsloth and TRL, measured on the
-# 2-core CPU box (1.08 GiB) and rounded up: the CPU profile's equivalent of the CUDA context.
+# RSS of a Python process after importing torch, transformers, unsloth and TRL, measured on two
+# 2-core CPU boxes (1.08 and 1.13 GiB) and rounded up: the CPU profile's equivalent of the CUDA context.
 HOST_RUNTIME_BYTES = int(1.25 * GIB)
+# What the CPU process grows by once the loop runs: oneDNN JIT-compiles and caches one kernel per new
+# tensor shape (up to 1024), and every completion length is a new shape. The CPU lab's resident set
+# grew 0.16-0.18 GiB over 60 steps as completion lengths varied, 0.04 GiB with
+# ONEDNN_PRIMITIVE_CACHE_CAPACITY=0 (measured 2026-11-29); rounded up.
+HOST_SHAPE_CACHE_BYTES = int(0.25 * GIB)
 
 
 def overhead_lines(r: Resolved) -> list[Line]:
@@ -48,10 +53,20 @@ def overhead_lines(r: Resolved) -> list[Line]:
             Line(
                 "host_runtime",
                 HOST_RUNTIME_BYTES,
-                "1.25 GiB: Python + torch + transformers + unsloth + TRL imported (measured RSS 1.08 GiB)",
+                "1.25 GiB: Python + torch + transformers + unsloth + TRL imported (measured RSS 1.08-1.13 GiB)",
                 True,
                 "",
                 ALL,
+            )
+        )
+        lines.append(
+            Line(
+                "host_shape_caches",
+                HOST_SHAPE_CACHE_BYTES,
+                "0.25 GiB: oneDNN's kernel cache (one JIT kernel per new tensor shape) + malloc's free lists",
+                True,
+                "grows as completion lengths vary; measured as the resident set's growth over the training steps",
+                GEN_TRAIN,
             )
         )
     if r.plan.other_use_bytes:

@@ -26,6 +26,7 @@ HOW_MEASURED = {
     "cuda_context": "NVML process memory before the first tensor, minus torch's reservation",
     "kv_cache": "vLLM's cache_config.num_gpu_blocks x block_size x bytes per token",
     "host_runtime": "resident set after the imports, before the model loads",
+    "host_shape_caches": "resident-set peak of the largest training step minus that of the first",
     "reference_policy": "sum of TRL's frozen 'ref' adapter tensors (a copy of the initial adapter)",
     "total": "GPU: NVML process peak, sampled; CPU: resident-set peak, sampled",
 }
@@ -42,6 +43,7 @@ class Comparison:
     total_budget: int = 0
     total_measured: int = 0
     total_label: str = ""
+    peak_phase_lines: list[str] = field(default_factory=list)  # the lines the sheet's peak holds
 
     @property
     def paired(self) -> list[str]:
@@ -56,6 +58,14 @@ class Comparison:
 
     def rel_error(self, name: str) -> float:
         return self.diff(name) / self.budget[name] if self.budget[name] else 0.0
+
+    @property
+    def unattributed(self) -> int:
+        """The part of the total's miss that no line explains: measured total - budgeted total,
+        less the differences of the measured lines the peak holds. Positive: the process held
+        memory no line budgets for; negative: lines nothing measured were over-budgeted."""
+        explained = sum(self.diff(n) for n in self.paired if n in self.peak_phase_lines)
+        return self.total_measured - self.total_budget - explained
 
     @property
     def total_rel_error(self) -> float:
@@ -76,7 +86,7 @@ class Comparison:
         return (
             f"The budget {'held' if held else 'did not hold'}: measured peak {human_bytes(self.total_measured)} "
             f"vs budgeted {human_bytes(self.total_budget)} ({self.total_label}, {self.total_rel_error:+.1%})"
-            f"{worst_text}."
+            f"{worst_text}; outside every line: {human_bytes(self.unattributed, sign=True)}."
         )
 
 
@@ -109,6 +119,10 @@ def measure_lines(probe: MemoryProbe, callback, trainer) -> dict[str, int]:
         measured["cuda_context"] = probe.context_bytes
     if probe.host_runtime_bytes is not None:
         measured["host_runtime"] = probe.host_runtime_bytes
+    if probe.device != "cuda" and callback.step_peaks:
+        # On a CPU the process grows as new tensor shapes arrive (oneDNN caches a kernel per shape).
+        peaks = [peak for _, peak in callback.step_peaks]
+        measured["host_shape_caches"] = max(peaks) - peaks[0]
     if trainer is not None:
         from grpolab.policy import vllm_kv_cache_bytes
 
@@ -131,6 +145,8 @@ def compare(sheet, measured: dict[str, int], probe: MemoryProbe) -> Comparison:
     comparison.total_budget = int(sheet.total_bytes)
     comparison.total_measured = probe.process_peak_bytes
     comparison.total_label = "NVML process peak" if probe.device == "cuda" else "resident-set peak"
+    peak_phase = max(sheet.phases, key=sheet.phases.get)
+    comparison.peak_phase_lines = [line.name for line in sheet.lines if peak_phase in line.phases]
     if probe.device == "cuda":
         comparison.unpaired_measured["torch_allocated_peak"] = probe.torch_peak_bytes()[0]
     return comparison
@@ -151,6 +167,7 @@ def log_measurement(sheet, probe: MemoryProbe, callback, trainer, status: str) -
     metrics["measured/total"] = comparison.total_measured / GIB
     metrics["budget/total_compared"] = comparison.total_budget / GIB
     metrics["rel_error/total"] = comparison.total_rel_error
+    metrics["diff/unattributed"] = comparison.unattributed / GIB
     mlflow.log_metrics(metrics)
     mlflow.set_tags(
         {
@@ -199,6 +216,10 @@ def comparison_table(c: Comparison) -> str:
         f"| **total (peak)** | {c.total_label} | {human_bytes(c.total_budget)} | {human_bytes(c.total_measured)} | "
         f"{human_bytes(c.total_measured - c.total_budget, sign=True)} | {c.total_rel_error:+.1%} | "
         f"{HOW_MEASURED['total']} |"
+    )
+    rows.append(
+        f"| outside every line | total diff minus the diffs of the measured lines the peak holds | | | "
+        f"{human_bytes(c.unattributed, sign=True)} | | memory no line budgets (or over-budgeted unmeasured lines) |"
     )
     if c.unpaired_measured:
         rows += ["", "Measured with no budget line (never forced into a pair):", ""]
@@ -249,19 +270,15 @@ def save_adapter(model, tokenizer, output_dir: Path) -> Path:
     return save_pretrained_atomically(model, tokenizer, output_dir / "adapter")
 
 
-def peak_lines(probe: MemoryProbe) -> list[str]:
-    lines = []
-    if probe.device == "cuda":
-        allocated, _ = probe.torch_peak_bytes()
-        lines.append(
-            f"Peak memory (NVML, whole process incl. vLLM and CUDA context): {probe.process_peak_bytes / GIB:.2f} GiB"
-        )
-        lines.append(f"Peak memory (torch allocator only, misses vLLM's pool): {allocated / GIB:.2f} GiB")
-    else:
-        lines.append(
-            f"Peak memory (resident set of this process, CPU): {probe.process_peak_bytes / GIB:.2f} GiB"
-        )
-    return lines
+def peak_lines(c: Comparison) -> list[str]:
+    """The run's peak as logged (measured/total), so the console and MLflow say the same number."""
+    if "torch_allocated_peak" in c.unpaired_measured:
+        return [
+            f"Peak memory (NVML, whole process incl. vLLM and CUDA context): {c.total_measured / GIB:.2f} GiB",
+            "Peak memory (torch allocator only, misses vLLM's pool): "
+            f"{c.unpaired_measured['torch_allocated_peak'] / GIB:.2f} GiB",
+        ]
+    return [f"Peak memory (resident set of this process, CPU): {c.total_measured / GIB:.2f} GiB"]
 
 
 # --- when memory runs out ----------------------------------------------------------------------
@@ -284,6 +301,7 @@ ADVICE = {
     "train_activations": "lower --max-completion-length or --num-generations",
     "logits": "lower --max-completion-length or --num-generations",
     "cuda_context": "close other processes on the card",
+    "host_shape_caches": "set ONEDNN_PRIMITIVE_CACHE_CAPACITY lower (fewer cached kernels)",
 }
 
 

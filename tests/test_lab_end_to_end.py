@@ -93,6 +93,25 @@ def test_memory_is_measured_and_paired_with_the_budget(cpu_lab_run):
         assert abs(metrics[f"rel_error/{line}"]) < 0.01, (line, metrics[f"rel_error/{line}"])
     assert abs(metrics["rel_error/base_weights"]) < 0.05
     assert "measured/total" in metrics and "rel_error/total" in metrics
+    # The CPU sheet's own lines: the runtime after the imports and what the loop grows by.
+    for line in ("host_runtime", "host_shape_caches"):
+        assert f"measured/{line}" in metrics and f"diff/{line}" in metrics, line
+    # What no line explains: the total's miss less the misses of the lines held at the sheet's peak.
+    sheet = json.loads(
+        (
+            Path(
+                cpu_lab_run["client"].download_artifacts(cpu_lab_run["run"].info.run_id, "budget/sheet.json")
+            )
+        ).read_text()
+    )
+    peak_phase = max(sheet["phases"], key=sheet["phases"].get)
+    held = [
+        ln["name"] for ln in sheet["lines"] if peak_phase in ln["phases"] and f"diff/{ln['name']}" in metrics
+    ]
+    expected = (
+        metrics["measured/total"] - metrics["budget/total_compared"] - sum(metrics[f"diff/{n}"] for n in held)
+    )
+    assert metrics["diff/unattributed"] == pytest.approx(expected, abs=1e-6)
     labels = json.loads(cpu_lab_run["run"].data.tags["memory_labels"])
     assert "resident set" in labels["memory/process_peak_gib"]
 

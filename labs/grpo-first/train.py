@@ -267,7 +267,7 @@ def train(s: LabSettings, sheet, args: argparse.Namespace) -> int:
     probe.stop()
 
     print(f"\nAdapter saved to {adapter_dir}")
-    for line in report.peak_lines(probe):
+    for line in report.peak_lines(comparison):
         print(line)
     print(comparison.verdict())
     print(f"MLflow run {run.info.run_id} in {tracking.tracking_uri()}")

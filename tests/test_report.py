@@ -1,0 +1,69 @@
+"""The comparison of budget and measurement, on hand-built figures: what each line missed by,
+what no line explains, and the CPU line measured from the step peaks."""
+
+from __future__ import annotations
+
+from grpolab.callbacks import LabCallback
+from grpolab.probe import GIB, MemoryProbe
+from grpolab.report import Comparison, measure_lines, peak_lines
+
+MIB = 1024**2
+
+
+def comparison(**overrides) -> Comparison:
+    c = Comparison(
+        budget={
+            "base_weights": 100 * MIB,
+            "kv_cache": 300 * MIB,
+            "logits": 50 * MIB,
+            "train_activations": 80 * MIB,
+        },
+        measured={"base_weights": 110 * MIB, "kv_cache": 290 * MIB, "logits": 70 * MIB},
+        total_budget=450 * MIB,
+        total_measured=500 * MIB,
+        total_label="NVML process peak",
+        # logits live in another phase than the peak: their miss does not explain the peak's.
+        peak_phase_lines=["base_weights", "kv_cache", "train_activations"],
+    )
+    for key, value in overrides.items():
+        setattr(c, key, value)
+    return c
+
+
+def test_what_no_line_explains_is_the_total_miss_less_the_misses_of_the_lines_the_peak_holds():
+    c = comparison()
+    # +50 MiB over in total; base_weights +10 and kv_cache -10 explain none of it.
+    assert c.unattributed == 50 * MIB
+    c = comparison(total_measured=460 * MIB, measured={**c.measured, "kv_cache": 330 * MIB})
+    # +10 MiB over in total; base_weights +10 and kv_cache +30 explain 40: 30 MiB were over-budgeted.
+    assert c.unattributed == -30 * MIB
+
+
+def test_the_verdict_says_whether_it_held_the_line_that_missed_most_and_what_no_line_explains():
+    verdict = comparison().verdict()
+    assert verdict.startswith("The budget did not hold: measured peak 500.00 MiB vs budgeted 450.00 MiB")
+    assert "the line that missed most: logits (+20.00 MiB, +40.0%)" in verdict
+    assert verdict.endswith("outside every line: +50.00 MiB.")
+    assert comparison(total_measured=400 * MIB).verdict().startswith("The budget held")
+
+
+def test_the_printed_peak_is_the_logged_total():
+    assert peak_lines(comparison(total_measured=int(1.5 * GIB), total_label="resident-set peak")) == [
+        "Peak memory (resident set of this process, CPU): 1.50 GiB"
+    ]
+    gpu = comparison(unpaired_measured={"torch_allocated_peak": 3 * GIB})
+    assert gpu.total_measured / GIB == 500 / 1024
+    assert peak_lines(gpu)[1].endswith("3.00 GiB")
+
+
+def test_on_a_cpu_the_growth_over_the_steps_is_the_shape_cache_line():
+    probe = MemoryProbe("cpu")
+    probe.start()
+    try:
+        callback = LabCallback(probe)
+        callback.step_peaks = [(1, 1000 * MIB), (2, 1010 * MIB), (3, 1180 * MIB), (4, 1170 * MIB)]
+        measured = measure_lines(probe, callback, trainer=None)
+    finally:
+        probe.stop()
+    assert measured["host_shape_caches"] == 180 * MIB
+    assert 0 < measured["host_runtime"] < 8 * GIB
