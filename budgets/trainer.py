@@ -30,8 +30,8 @@ CUDA_CONTEXT_BYTES = 512 * MIB
 HOST_RUNTIME_BYTES = int(1.25 * GIB)
 # What the CPU process grows by once the loop runs: oneDNN JIT-compiles and caches one kernel per new
 # tensor shape (up to 1024), and every completion length is a new shape. The CPU lab's resident set
-# grew 0.16-0.18 GiB over 60 steps as completion lengths varied, 0.04 GiB with
-# ONEDNN_PRIMITIVE_CACHE_CAPACITY=0 (measured 2026-11-29); rounded up.
+# grew 0.18 GiB from the first step's peak over 60 steps as completion lengths varied, 0.08 GiB with
+# ONEDNN_PRIMITIVE_CACHE_CAPACITY=0 (measured 2026-11-29, two runs each); rounded up.
 HOST_SHAPE_CACHE_BYTES = int(0.25 * GIB)
 
 
