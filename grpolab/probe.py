@@ -388,12 +388,22 @@ def optimizer_state_bytes(optimizer) -> int:
 
 
 def is_out_of_memory(error: BaseException) -> bool:
-    """torch's CUDA OOM, Python's MemoryError, or torch's CPU allocator refusing an allocation."""
+    """torch's CUDA OOM, Python's MemoryError, torch's CPU allocator refusing an allocation, or
+    oneDNN failing to build a kernel under an address-space limit."""
     import torch
 
     if isinstance(error, torch.OutOfMemoryError | MemoryError):
         return True
+    if not isinstance(error, RuntimeError):
+        return False
     text = str(error)
-    return isinstance(error, RuntimeError) and (
-        "can't allocate memory" in text or "not enough memory" in text or "out of memory" in text
-    )
+    if "can't allocate memory" in text or "not enough memory" in text or "out of memory" in text:
+        return True
+    # oneDNN reports a failed allocation for its JIT kernel only as "could not create a primitive".
+    # Without an address-space limit Linux overcommits and the OOM killer ends the process instead,
+    # so under a limit (--memory-cap-gib, a container's ulimit -v) that message means memory.
+    return "could not create a primitive" in text and _address_space_limited()
+
+
+def _address_space_limited() -> bool:
+    return resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY

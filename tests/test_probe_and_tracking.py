@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import resource
 import time
 
 import mlflow
@@ -105,6 +106,17 @@ def test_out_of_memory_errors_are_recognised():
     )
     assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
     assert not is_out_of_memory(RuntimeError("shape mismatch"))
+
+
+def test_a_onednn_kernel_that_cannot_be_built_is_out_of_memory_only_under_a_memory_limit(monkeypatch):
+    # Seen under --memory-cap-gib: the JIT kernel's allocation fails inside oneDNN, not torch's allocator.
+    error = RuntimeError("could not create a primitive")
+    unlimited = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: unlimited)
+    assert not is_out_of_memory(error)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (2 * 1024**3, resource.RLIM_INFINITY))
+    assert is_out_of_memory(error)
+    assert not is_out_of_memory(ValueError("could not create a primitive"))
 
 
 @pytest.mark.parametrize(
