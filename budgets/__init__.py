@@ -1,21 +1,23 @@
 """The symbolic VRAM budget of a GRPO run: every gigabyte a step holds, as a line with its formula.
 
-    from budgets import Plan, compute, plan_from_lab
-    sheet = compute(plan_from_lab("labs/grpo-first"))
+    from budgets import Plan, compute
+    sheet = compute(Plan(model="qwen3-4b", gpu="rtx-5080", num_generations=8))
     print(sheet.table())
-    sheet.require_fits()          # BudgetError naming the line that does not fit
+    sheet.require_fits()          # BudgetError naming the line that does not fit and what to change
 
-Modules, one job each: shapes (model configs), cards (the card catalog), plan (inputs and their
-checks), arithmetic (byte counts), vllm_rules (how vLLM and Unsloth size the engine), trainer and
-engine (the lines of each side), compute (the sheet), roofline (throughput), headroom (what fits),
-lab (lab.toml), sheet (lines, table, JSON), cli.
+A lab's plan comes from its settings: `grpolab.settings.lab_settings("labs/grpo-first", "gpu").plan()`.
+
+Modules, one job each: units (bytes, phases), formula (numbers that print themselves), shapes
+(model configs), cards (the card catalog), plan (the inputs and their checks), arithmetic (byte
+counts), vllm_rules (how vLLM and Unsloth size the engine), trainer and engine (the lines of each
+side), layouts/ (where trainer and vLLM sit, one module each), advice (what to change), compute
+(the sheet), roofline (throughput), headroom (what fits), sheet (lines, table, JSON), cli.
 """
 
 from .cards import Card, card_names, custom_card, get_card
 from .compute import compute
 from .errors import BudgetError
 from .headroom import Headroom, headroom, largest, suggest_vllm_util
-from .lab import plan_from_lab
 from .plan import Plan
 from .shapes import ModelShape, load_shape
 from .sheet import Line, Sheet
@@ -35,6 +37,5 @@ __all__ = [
     "headroom",
     "largest",
     "load_shape",
-    "plan_from_lab",
     "suggest_vllm_util",
 ]

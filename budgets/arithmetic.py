@@ -7,12 +7,9 @@ Estimates say where their constants come from.
 
 from __future__ import annotations
 
+from .formula import Term, nbytes, num
 from .shapes import ModelShape
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
+from .units import ceil_div
 
 # --- Base weights: bitsandbytes NF4 ------------------------------------------------------------
 
@@ -147,3 +144,16 @@ def unsloth_logit_rows(vocab: int, n_rows: int) -> int:
     rows = int(UNSLOTH_LOGPROB_CHUNK_GB * (1 << 30) / (vocab * UNSLOTH_BYTES_PER_LOGIT))
     rows = min(rows, max(UNSLOTH_LOGPROB_MIN_ROWS, ceil_div(n_rows, 8)))
     return min(max(rows, 2), n_rows)
+
+
+# --- The same quantities as formulas, for the lines of the sheet ----------------------------------
+
+
+def kv_per_token_term(shape: ModelShape, dtype_bytes: int = 2, tp: int = 1) -> Term:
+    """kv_bytes_per_token, printed: 2 (K and V) x layers x kv_heads (per card) x head_dim x bytes."""
+    heads = num(max(1, shape.kv_heads // tp), "kv_heads per card" if tp > 1 else "kv_heads")
+    term = (
+        num(2) * num(shape.layers, "layers") * heads * num(shape.head_dim, "head_dim") * nbytes(dtype_bytes)
+    )
+    assert term.value == kv_bytes_per_token(shape, dtype_bytes, tp)
+    return term

@@ -29,15 +29,6 @@ class Card:
 
 def host_ram_bytes() -> int:
     """Total RAM of this machine (the CPU profile's capacity)."""
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().total)
-    except ImportError:  # psutil is a project dependency; /proc/meminfo is the fallback
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
@@ -90,6 +81,49 @@ def get_card(name: str | Card) -> Card:
         )
     label, mib, gbs = _CATALOG[key]
     return Card(key, label, mib * MIB, gbs * 1e9)
+
+
+# How each card names itself (torch.cuda.get_device_name, NVML), lower case, most specific first.
+_DEVICE_NAMES = (
+    ("rtx 5080", "rtx-5080"),
+    ("rtx 4060 ti", "rtx-4060-ti-16gb"),
+    ("tesla t4", "t4"),
+    ("rtx 3090", "rtx-3090"),
+    ("rtx 4090", "rtx-4090"),
+    ("rtx 5090", "rtx-5090"),
+    ("rtx pro 6000", "rtx-pro-6000"),
+    ("h100 80gb hbm3", "h100-sxm"),
+    ("h200", "h200"),
+)
+
+
+def card_for_device(device_name: str, total_bytes: int) -> tuple[Card, str]:
+    """The card a run is on, from what the driver reports: the catalog's entry for its name with the
+    memory the card really has, else a card of that memory with an unknown bandwidth taken from the
+    closest catalog card. Returns (card, how it was chosen)."""
+    lowered = device_name.lower()
+    for needle, key in _DEVICE_NAMES:
+        if needle in lowered:
+            known = get_card(key)
+            card = Card(
+                known.name,
+                f"{device_name} ({total_bytes / GIB:.2f} GiB measured)",
+                total_bytes,
+                known.bandwidth,
+            )
+            return card, f"detected {device_name}: catalog entry {key} with its measured memory"
+    closest = min(_CATALOG, key=lambda k: abs(_CATALOG[k][1] * MIB - total_bytes))
+    bandwidth = _CATALOG[closest][2] * 1e9
+    card = Card(
+        f"detected-{total_bytes // MIB}mib",
+        f"{device_name} ({total_bytes / GIB:.2f} GiB measured)",
+        total_bytes,
+        bandwidth,
+    )
+    return card, (
+        f"detected {device_name}: not in the catalog; its measured memory, and the bandwidth of {closest} "
+        "(the catalog card of the nearest memory) for the roofline"
+    )
 
 
 def custom_card(memory_gb: float, bandwidth_gbs: float) -> Card:

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from .compute import compute
 from .errors import BudgetError
 from .plan import Plan, resolve
-from .sheet import GIB, Sheet
+from .sheet import Sheet
+from .units import GIB
 
-KNOBS = ("generations", "completion_len", "batch")
+KNOBS = ("num_generations", "max_completion_length", "per_device_train_batch_size")
 
 
 @dataclass
@@ -28,16 +29,15 @@ class Headroom:
 def _variant(plan: Plan, knob: str, value: int) -> Plan:
     """The plan with one knob changed, keeping what the lab keeps fixed: completions per micro-batch
     follow the group (batch stays a whole number of groups), the sequence grows with the completion."""
-    if knob == "generations":
-        groups = plan.batch // plan.generations if plan.batch % plan.generations == 0 else None
-        return plan.with_(generations=value, batch=value * groups if groups else plan.batch)
-    if knob == "completion_len":
+    if knob == "num_generations":
+        return plan.with_num_generations(value)
+    if knob == "max_completion_length":
         max_seq = plan.max_seq_length
         if max_seq is not None:
-            max_seq = max(max_seq, plan.prompt_len + value)
-        return plan.with_(completion_len=value, max_seq_length=max_seq)
-    if knob == "batch":
-        return plan.with_(batch=value)
+            max_seq = max(max_seq, plan.max_prompt_length + value)
+        return plan.with_(max_completion_length=value, max_seq_length=max_seq)
+    if knob == "per_device_train_batch_size":
+        return plan.with_(per_device_train_batch_size=value)
     raise BudgetError(f"knob: must be one of {', '.join(KNOBS)}, got {knob!r}")
 
 
@@ -55,10 +55,11 @@ def largest(plan: Plan, knob: str, limit: int = 1 << 16) -> Headroom:
     in multiples of the smallest valid step."""
     current = int(getattr(plan, knob))
     step = 1
-    if knob == "batch":
+    if knob == "per_device_train_batch_size":
         r = resolve(plan)
-        step = plan.generations // _gcd(plan.generations, r.trainer_cards * plan.grad_accum)
-    elif knob == "completion_len":
+        g = plan.num_generations
+        step = g // math.gcd(g, r.trainer_cards * plan.gradient_accumulation_steps)
+    elif knob == "max_completion_length":
         step = 16  # vLLM's block: one more block of KV per rollout
     ok, why = _try(_variant(plan, knob, step))
     if not ok:
@@ -88,33 +89,28 @@ def headroom(plan: Plan) -> list[Headroom]:
     return [largest(plan, knob) for knob in KNOBS]
 
 
-def _gcd(a: int, b: int) -> int:
-    while b:
-        a, b = b, a % b
-    return a
-
-
 def suggest_vllm_util(plan: Plan) -> tuple[float, str]:
     """The vLLM share to use on the plan's card: the smallest util (in steps of 0.01) whose KV cache
     holds every rollout of the step at once, if the trainer still fits beside it; else the largest
     that fits. Returns (util, reasoning)."""
     r = resolve(plan)
     if not r.uses_vllm:
-        raise BudgetError("vllm_util: this plan generates without vLLM (fast_inference false)")
-    base = plan.with_(standby=False) if plan.standby and not plan.standby_util_override else plan
+        raise BudgetError("gpu_memory_utilization: this plan generates without vLLM (fast_inference false)")
+    standby = plan.unsloth_vllm_standby and not plan.unsloth_vllm_standby_util_override
+    base = plan.with_(unsloth_vllm_standby=False) if standby else plan
     results = {}
     for pct in range(5, 101):
         u = pct / 100
         try:
-            sheet = compute(base.with_(vllm_util=u), _alternative=False)
+            sheet = compute(base.with_(gpu_memory_utilization=u), _alternative=False)
         except BudgetError:
             continue
         results[u] = sheet
     fitting = [u for u, s in results.items() if s.fits]
     if not fitting:
-        worst = results.get(plan.vllm_util) or next(iter(results.values()), None)
+        worst = results.get(plan.gpu_memory_utilization) or next(iter(results.values()), None)
         why = worst.verdict() if worst else "no util in (0, 1] gives a valid sheet"
-        raise BudgetError(f"vllm_util: no share from 0.05 to 1.00 fits on {r.card.name}: {why}")
+        raise BudgetError(f"gpu_memory_utilization: no share from 0.05 to 1.00 fits on {r.card.name}: {why}")
     want = r.local_gen_batch if r.layout != "server" else r.gen_batch
     holds_all = [u for u in fitting if results[u].metrics["max_concurrent_rollouts"] >= want]
     hi = max(fitting)

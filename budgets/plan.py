@@ -1,16 +1,112 @@
-"""The inputs of a budget: one `Plan` names the model, the card, the layout and the GRPO settings."""
+"""The inputs of a budget: one `Plan` names the model, the card, the layout and the GRPO settings.
+
+Settings keep the names TRL's `GRPOConfig` and Unsloth's `FastLanguageModel` give them
+(`num_generations`, `per_device_train_batch_size`, `gpu_memory_utilization`, ...), so a lab's
+lab.toml, its flags, the budget CLI's flags and the sheet's inputs are one vocabulary. Settings
+with no library name (the card, the layout, the number of cards) are the budget's own.
+
+`resolve(plan)` is the one place that checks a plan: it raises BudgetError naming the setting at
+fault, and returns the derived quantities every module reads.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .cards import Card, get_card
 from .errors import BudgetError
 from .shapes import LINEARS, ModelShape, load_shape
+from .units import GIB
 
+
+def setting(default: Any, help: str, **extra: Any) -> Any:
+    """A Plan field with its help text, read by the CLI to build its flags."""
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class Plan:
+    """Everything the sheet is computed from. Lengths are in tokens, batch sizes in completions.
+
+    Parameters that control the model:
+        model, load_in_4bit, dtype, lora_rank, max_lora_rank, target_modules, full_finetuning
+    Parameters that control training:
+        optim, per_device_train_batch_size, gradient_accumulation_steps, beta,
+        use_gradient_checkpointing, chunked_logits, grpo_trainer, trainable_dtype_bytes
+    Parameters that control generation:
+        num_generations, max_prompt_length, max_completion_length, max_seq_length, fast_inference,
+        gpu_memory_utilization, unsloth_vllm_standby, max_num_seqs, enforce_eager
+    Parameters that control the cards:
+        gpu, gpus, layout, vllm_gpus, trainer_sharding, link_gbps, other_processes_gib
+    """
+
+    # --- the model ---------------------------------------------------------------------------
+    model: str | ModelShape = setting(
+        "qwen3-4b", "a shipped name (any case), a Hub id, or a config.json / model folder"
+    )
+    load_in_4bit: bool = setting(True, "bitsandbytes NF4 base weights (false: 16-bit)")
+    dtype: str = setting("auto", "compute dtype: auto (bf16 on a GPU), bfloat16, float16 or float32")
+    lora_rank: int | None = setting(16, "LoRA rank r (PEFT's r)")
+    max_lora_rank: int | None = setting(None, "vLLM's LoRA slot rank (default: lora_rank)")
+    target_modules: tuple[str, ...] = setting(LINEARS, "the linear layers LoRA adapts")
+    full_finetuning: bool = setting(False, "train every parameter instead of LoRA")
+    # --- training ----------------------------------------------------------------------------
+    optim: str = setting("adamw_8bit", "optimizer: adamw_torch (fp32 states) or adamw_8bit")
+    per_device_train_batch_size: int = setting(8, "completions per micro-batch per trainer card")
+    gradient_accumulation_steps: int = setting(1, "micro-batches per optimizer step")
+    beta: float = setting(0.0, "KL weight; > 0 needs reference log-probs")
+    use_gradient_checkpointing: str | bool = setting(
+        "unsloth", "unsloth (checkpoints offloaded to CPU), true, or false"
+    )
+    chunked_logits: bool = setting(True, "Unsloth's chunked log-prob kernel (false: whole-batch logits)")
+    grpo_trainer: str = setting(
+        "unsloth", "the GRPO trainer that runs: unsloth (its generated trainer) or trl (TRL's own)"
+    )
+    trainable_dtype_bytes: int | None = setting(
+        None, "bytes per LoRA param, grad and AdamW state (default: 4 on CUDA, 2 on cpu)"
+    )
+    # --- generation --------------------------------------------------------------------------
+    num_generations: int = setting(8, "completions per prompt (the group)")
+    max_prompt_length: int = setting(256, "tokens of the longest prompt")
+    max_completion_length: int = setting(768, "tokens per completion")
+    max_seq_length: int | None = setting(
+        None, "prompt + completion bound (default: max_prompt_length + max_completion_length)"
+    )
+    fast_inference: bool = setting(True, "vLLM generates (false: transformers' generate)")
+    gpu_memory_utilization: float = setting(0.45, "vLLM's share of the card, in (0, 1]")
+    unsloth_vllm_standby: bool = setting(
+        False, "Unsloth's UNSLOTH_VLLM_STANDBY (shared) / TRL's vllm_enable_sleep_mode (colocate)"
+    )
+    unsloth_vllm_standby_util_override: bool = setting(
+        False, "UNSLOTH_VLLM_STANDBY_UTIL_OVERRIDE: keep gpu_memory_utilization under standby"
+    )
+    max_num_seqs: int | None = setting(None, "vLLM's batch (default: what Unsloth or TRL pick)")
+    enforce_eager: bool = setting(False, "vLLM without CUDA graphs")
+    # --- the cards ---------------------------------------------------------------------------
+    gpu: str | Card = setting("rtx-5080", "the card, from the catalog", card=True)
+    gpus: int = setting(1, "cards in all")
+    layout: str = setting(
+        "shared", "shared (Unsloth's in-process vLLM on the trainer's weights), colocate or server"
+    )
+    vllm_gpus: int = setting(0, "server layout: cards given to vLLM (tensor parallel); the rest train")
+    trainer_sharding: str = setting("ddp", "how trainer cards split the model: ddp or fsdp")
+    link_gbps: float = setting(100.0, "trainer -> vLLM link in 10^9 bits/s (server layout weight sync)")
+    other_processes_gib: float = setting(
+        0.0, "GiB other processes (a desktop) hold on the card when the run starts"
+    )
+
+    def with_(self, **changes: Any) -> Plan:
+        return replace(self, **changes)
+
+    def with_num_generations(self, g: int) -> Plan:
+        """A new group size, keeping the prompts per step: the batch follows the group."""
+        return replace(self, **follow_group(self.__dict__, g))
+
+
+PLAN_FIELDS = tuple(f.name for f in fields(Plan))
 LAYOUTS = ("shared", "colocate", "server")
-QUANTS = ("nf4", "bf16")
 # TRL / transformers optimizer names -> the state they keep per trainable parameter.
 OPTIMIZERS = {
     "adamw": "adamw_torch",
@@ -20,58 +116,20 @@ OPTIMIZERS = {
     "adamw_bnb_8bit": "adamw_8bit",
     "paged_adamw_8bit": "adamw_8bit",
 }
-CHECKPOINTING = {
-    "unsloth": "unsloth",
-    "true": "standard",
-    "standard": "standard",
-    "none": "none",
-    "false": "none",
-}
+CHECKPOINTING = {"unsloth": "unsloth", "true": "standard", "false": "none"}
 SHARDING = ("ddp", "fsdp")
+GRPO_TRAINERS = ("unsloth", "trl")
+DTYPES = {"auto": None, "bfloat16": 2, "float16": 2, "float32": 4}
 
 
-@dataclass
-class Plan:
-    """Everything the sheet is computed from. Lengths are in tokens, batch sizes in completions."""
-
-    model: str | ModelShape = "qwen3-4b"
-    gpu: str | Card = "rtx-5080"
-    layout: str = "shared"  # shared: Unsloth's in-process vLLM on the trainer's weights
-    gpus: int = 1  # cards in all
-    vllm_gpus: int = 0  # server layout: cards given to vLLM (tensor parallel), the rest train
-    vllm_util: float = 0.45  # vLLM's gpu_memory_utilization
-    quant: str = "nf4"
-    lora_rank: int | None = 16
-    full: bool = False  # full-parameter training instead of LoRA
-    target_modules: tuple[str, ...] = LINEARS
-    optimizer: str = "adamw_8bit"
-    prompt_len: int = 256
-    completion_len: int = 768
-    generations: int = 8  # num_generations: completions per prompt (the group)
-    batch: int = 8  # per_device_train_batch_size: completions per micro-batch per trainer card
-    grad_accum: int = 1  # gradient_accumulation_steps (= steps_per_generation)
-    max_seq_length: int | None = None  # None: prompt_len + completion_len
-    beta: float = 0.0  # KL weight; > 0 needs the reference policy
-    gradient_checkpointing: str = "unsloth"  # unsloth (offload to CPU) | true | none
-    chunked_logits: bool = True  # Unsloth's chunked log-prob kernel; False: whole-batch logits
-    standby: bool = False  # UNSLOTH_VLLM_STANDBY=1 (shared) / TRL vllm_enable_sleep_mode (colocate)
-    standby_util_override: bool = False  # UNSLOTH_VLLM_STANDBY_UTIL_OVERRIDE=1: keep vllm_util
-    link_gbps: float = 100.0  # trainer -> vLLM link in 10^9 bits/s (server layout weight sync)
-    fast_inference: bool = True  # False: no vLLM, HF generate with its own KV cache
-    max_lora_rank: int | None = None  # vLLM's LoRA slot rank; None: lora_rank
-    enforce_eager: bool = False  # vLLM without CUDA graphs
-    max_num_seqs: int | None = None  # vLLM batch; None: what Unsloth / TRL pick
-    trainer_sharding: str = "ddp"  # how trainer cards split the model: ddp (replicas) | fsdp
-    other_use_bytes: int = 0  # memory other processes (a desktop) hold on the card at start
-    compute_dtype_bytes: int = 2  # bf16 activations, KV cache and 16-bit weights
-    # LoRA params, their grads and AdamW (torch) states: None = what the backend does on this card:
-    # 4 (fp32, PEFT upcasts adapters) on CUDA, 2 on the cpu card (Unsloth's CPU path casts the
-    # trainable adapter to bf16 when training starts; measured with TRL 1.15, Unsloth 2026.10.9).
-    trainable_dtype_bytes: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # lab keys the budget does not read
-
-    def with_(self, **changes: Any) -> Plan:
-        return replace(self, **changes)
+def follow_group(values: Mapping[str, Any], num_generations: int) -> dict[str, Any]:
+    """Settings after a new group size: per_device_train_batch_size keeps the same number of
+    groups (prompts) per micro-batch, so the batch stays divisible by the group."""
+    g, batch = values["num_generations"], values["per_device_train_batch_size"]
+    groups = batch // g if g and batch % g == 0 else None
+    if groups is None:
+        return {"num_generations": num_generations}
+    return {"num_generations": num_generations, "per_device_train_batch_size": groups * num_generations}
 
 
 @dataclass(frozen=True)
@@ -82,19 +140,21 @@ class Resolved:
     shape: ModelShape
     card: Card
     layout: str
-    quant: str
-    optimizer: str
-    checkpointing: str
+    quant: str  # "nf4" or "bf16"
+    optimizer: str  # "adamw_torch" or "adamw_8bit"
+    checkpointing: str  # "unsloth", "standard" or "none"
+    dtype_bytes: int  # activations, KV cache and 16-bit weights
     lora_rank: int  # 0 for full training
     max_lora_rank: int
-    seq_len: int  # T = prompt_len + completion_len: one rollout, prompt plus completion
+    seq_len: int  # T = max_prompt_length + max_completion_length: one rollout
     max_seq_length: int
     trainer_cards: int
     vllm_cards: int
     gen_batch: int  # completions generated per optimizer step across all trainer cards
-    trainable_bytes: int  # bytes per LoRA parameter, grad and torch AdamW state (4 fp32, 2 bf16)
     local_gen_batch: int  # completions one trainer card generates (colocate / shared / HF generate)
     prompts_per_step: int
+    trainable_bytes: int  # bytes per LoRA parameter, grad and torch AdamW state (4 fp32, 2 bf16)
+    other_bytes: int  # memory other processes hold on the card
 
     @property
     def lora(self) -> bool:
@@ -105,7 +165,7 @@ class Resolved:
         return self.plan.fast_inference and self.card.cuda
 
 
-def _positive_int(name: str, value: Any, allow_zero: bool = False) -> int:
+def _whole(name: str, value: Any, allow_zero: bool = False) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
         raise BudgetError(f"{name}: must be a whole number, got {value!r}")
     if value < 0 or (value == 0 and not allow_zero):
@@ -113,127 +173,127 @@ def _positive_int(name: str, value: Any, allow_zero: bool = False) -> int:
     return int(value)
 
 
+def _number(name: str, value: Any, low: float, high: float | None = None, low_open: bool = False) -> float:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float))
+    ok = ok and (value > low if low_open else value >= low) and (high is None or value <= high)
+    if not ok:
+        bound = f"in ({low:g}, {high:g}]" if high is not None else f"{'>' if low_open else '>='} {low:g}"
+        raise BudgetError(f"{name}: must be {bound}, got {value!r}")
+    return float(value)
+
+
+def _choice(name: str, value: Any, table: Mapping[str, Any] | tuple[str, ...]) -> str:
+    key = str(value).lower()
+    if key not in table:
+        raise BudgetError(f"{name}: must be one of {', '.join(table)}, got {value!r}")
+    return key
+
+
 def resolve(plan: Plan) -> Resolved:
     """Check every input; raise BudgetError naming the first bad one."""
-    shape = load_shape(plan.model)
-    card = get_card(plan.gpu)
-    layout = str(plan.layout).lower()
-    if layout not in LAYOUTS:
-        raise BudgetError(f"layout: must be one of {', '.join(LAYOUTS)}, got {plan.layout!r}")
-    quant = str(plan.quant).lower()
-    if quant not in QUANTS:
-        raise BudgetError(f"quant: must be one of {', '.join(QUANTS)}, got {plan.quant!r}")
-    optimizer = OPTIMIZERS.get(str(plan.optimizer).lower())
-    if optimizer is None:
-        raise BudgetError(f"optimizer: must be one of {', '.join(OPTIMIZERS)}, got {plan.optimizer!r}")
-    checkpointing = CHECKPOINTING.get(str(plan.gradient_checkpointing).lower())
-    if checkpointing is None:
-        raise BudgetError(
-            f"gradient_checkpointing: must be unsloth, true or none, got {plan.gradient_checkpointing!r}"
-        )
-    if str(plan.trainer_sharding).lower() not in SHARDING:
-        raise BudgetError(f"trainer_sharding: must be ddp or fsdp, got {plan.trainer_sharding!r}")
+    p = plan
+    shape = load_shape(p.model)
+    card = get_card(p.gpu)
+    layout = _choice("layout", p.layout, LAYOUTS)
+    optimizer = OPTIMIZERS[_choice("optim", p.optim, OPTIMIZERS)]
+    checkpointing = CHECKPOINTING[
+        _choice("use_gradient_checkpointing", p.use_gradient_checkpointing, CHECKPOINTING)
+    ]
+    _choice("trainer_sharding", p.trainer_sharding, SHARDING)
+    _choice("grpo_trainer", p.grpo_trainer, GRPO_TRAINERS)
+    dtype = _choice("dtype", str(p.dtype).removeprefix("torch."), DTYPES)
+    dtype_bytes = DTYPES[dtype] or 2
 
-    prompt_len = _positive_int("prompt_len", plan.prompt_len)
-    completion_len = _positive_int("completion_len", plan.completion_len)
-    generations = _positive_int("generations", plan.generations)
-    batch = _positive_int("batch", plan.batch)
-    grad_accum = _positive_int("grad_accum", plan.grad_accum)
-    gpus = _positive_int("gpus", plan.gpus)
-    vllm_gpus = _positive_int("vllm_gpus", plan.vllm_gpus, allow_zero=True)
-    seq_len = prompt_len + completion_len
-    max_seq = seq_len if plan.max_seq_length is None else _positive_int("max_seq_length", plan.max_seq_length)
+    prompt = _whole("max_prompt_length", p.max_prompt_length)
+    completion = _whole("max_completion_length", p.max_completion_length)
+    generations = _whole("num_generations", p.num_generations)
+    batch = _whole("per_device_train_batch_size", p.per_device_train_batch_size)
+    grad_accum = _whole("gradient_accumulation_steps", p.gradient_accumulation_steps)
+    gpus = _whole("gpus", p.gpus)
+    vllm_gpus = _whole("vllm_gpus", p.vllm_gpus, allow_zero=True)
+    seq_len = prompt + completion
+    max_seq = seq_len if p.max_seq_length is None else _whole("max_seq_length", p.max_seq_length)
     if seq_len > max_seq:
         raise BudgetError(
-            f"max_seq_length: prompt_len + completion_len = {seq_len} exceeds "
-            f"max_seq_length = {max_seq}; raise max_seq_length or shorten the prompt"
+            f"max_seq_length: max_prompt_length + max_completion_length = {prompt} + {completion} = "
+            f"{seq_len} exceeds max_seq_length {max_seq}; raise max_seq_length or lower "
+            "max_completion_length"
         )
     if shape.max_position and max_seq > shape.max_position:
         raise BudgetError(
             f"max_seq_length: {max_seq} exceeds {shape.name}'s max_position_embeddings {shape.max_position}"
         )
+    _number("gpu_memory_utilization", p.gpu_memory_utilization, 0, 1, low_open=True)
+    _number("beta", p.beta, 0)
+    _number("link_gbps", p.link_gbps, 0, low_open=True)
+    other = _number("other_processes_gib", p.other_processes_gib, 0)
 
-    util = plan.vllm_util
-    if isinstance(util, bool) or not isinstance(util, (int, float)) or not (0 < util <= 1):
-        raise BudgetError(f"vllm_util: must be in (0, 1], got {util!r}")
-    if not isinstance(plan.beta, (int, float)) or plan.beta < 0:
-        raise BudgetError(f"beta: must be >= 0, got {plan.beta!r}")
-    if not isinstance(plan.link_gbps, (int, float)) or plan.link_gbps <= 0:
-        raise BudgetError(f"link_gbps: must be > 0, got {plan.link_gbps!r}")
-    if plan.other_use_bytes < 0:
-        raise BudgetError(f"other_use_bytes: must be >= 0, got {plan.other_use_bytes}")
-
-    # LoRA or full training: a rank of 0 (or None) only makes sense with full=True.
-    rank = plan.lora_rank
-    if plan.full:
+    # LoRA or full training.
+    rank = p.lora_rank
+    if p.full_finetuning:
         if rank:
-            raise BudgetError(f"lora_rank: {rank} given with full training; drop --lora-rank or --full")
-        if quant == "nf4":
-            raise BudgetError("quant: full-parameter training cannot update 4-bit weights; use --quant bf16")
+            raise BudgetError(f"lora_rank: {rank} given with full_finetuning; full training has no adapter")
+        if p.load_in_4bit:
+            raise BudgetError(
+                "load_in_4bit: full-parameter training cannot update 4-bit weights; set load_in_4bit false"
+            )
         rank = 0
     else:
-        if rank is None or rank == 0:
+        if not rank:
             raise BudgetError(
-                "lora_rank: 0 trains nothing; give a rank > 0 or pass --full for full-parameter training"
+                "lora_rank: 0 trains nothing; give a rank > 0 or set full_finetuning for all parameters"
             )
-        rank = _positive_int("lora_rank", rank)
-    max_lora_rank = rank if plan.max_lora_rank is None else _positive_int("max_lora_rank", plan.max_lora_rank)
+        rank = _whole("lora_rank", rank)
+    max_lora_rank = rank if p.max_lora_rank is None else _whole("max_lora_rank", p.max_lora_rank)
     if rank and max_lora_rank < rank:
-        raise BudgetError(f"max_lora_rank: {max_lora_rank} is below lora_rank {rank}")
-    targets = tuple(plan.target_modules)
-    bad = [t for t in targets if t not in LINEARS]
-    if bad or not targets:
+        raise BudgetError(f"max_lora_rank: {max_lora_rank} is below lora_rank {rank}; raise max_lora_rank")
+    bad = [t for t in p.target_modules if t not in LINEARS]
+    if bad or not p.target_modules:
         raise BudgetError(
-            f"target_modules: must be a non-empty subset of {', '.join(LINEARS)}, got {bad or targets}"
+            f"target_modules: must be a non-empty subset of {', '.join(LINEARS)}, got {bad or list(p.target_modules)}"
         )
 
     # Cards: the server layout splits them; the others put a trainer (and maybe vLLM) on each.
     if layout == "server":
-        if not plan.fast_inference:
-            raise BudgetError("layout: server mode is vLLM on its own cards; it needs fast_inference")
+        if not p.fast_inference:
+            raise BudgetError("fast_inference: the server layout is vLLM on its own cards; it needs vLLM")
         if vllm_gpus < 1 or vllm_gpus >= gpus:
             raise BudgetError(
-                f"vllm_gpus: server layout needs 1 <= vllm_gpus < gpus, got {vllm_gpus} of {gpus}"
+                f"vllm_gpus: the server layout needs 1 <= vllm_gpus < gpus, got {vllm_gpus} of {gpus}"
             )
-        if quant == "nf4":
+        if p.load_in_4bit:
             raise BudgetError(
-                "quant: TRL server mode merges the adapter and sends full weights each step; "
-                "it does not work with a 4-bit base, use --quant bf16"
+                "load_in_4bit: TRL server mode merges the adapter and sends full weights each step; "
+                "it does not work with a 4-bit base, set load_in_4bit false"
             )
         trainer_cards = gpus - vllm_gpus
     else:
         if vllm_gpus:
-            raise BudgetError(f"vllm_gpus: only the server layout dedicates cards to vLLM (layout={layout})")
+            raise BudgetError(f"vllm_gpus: only the server layout gives cards to vLLM (layout is {layout})")
         trainer_cards = gpus
-    if not card.cuda and (gpus != 1 or layout != "shared" or plan.fast_inference):
+    if not card.cuda and (gpus != 1 or layout != "shared" or p.fast_inference):
         raise BudgetError(
-            "gpu: the cpu card runs one process without vLLM: use --layout shared, "
-            "--gpus 1 and fast_inference false"
+            "gpu: the cpu card runs one process without vLLM: layout shared, gpus 1, fast_inference false"
         )
-    if card.cuda and not plan.fast_inference and layout != "shared":
-        raise BudgetError(f"layout: {layout} is a vLLM layout; fast_inference false means HF generate")
+    if card.cuda and not p.fast_inference and layout != "shared":
+        raise BudgetError(f"layout: {layout} is a vLLM layout; with fast_inference false use layout shared")
 
     # TRL: generation_batch_size = per_device_train_batch_size x processes x steps_per_generation,
     # and it must split into whole groups of num_generations.
     gen_batch = batch * trainer_cards * grad_accum
     if gen_batch % generations:
         raise BudgetError(
-            f"batch: batch x trainer cards x grad_accum = {gen_batch} is not divisible by "
-            f"generations = {generations}"
+            f"per_device_train_batch_size: {batch} x {trainer_cards} card(s) x gradient_accumulation_steps "
+            f"{grad_accum} = {gen_batch} completions per step is not a whole number of groups of "
+            f"num_generations {generations}; use a multiple of {generations}"
         )
-    if plan.compute_dtype_bytes not in (2, 4):
-        raise BudgetError(
-            f"compute_dtype_bytes: must be 2 (bf16) or 4 (fp32), got {plan.compute_dtype_bytes}"
-        )
-    if plan.max_num_seqs is not None:
-        _positive_int("max_num_seqs", plan.max_num_seqs)
-    trainable_bytes = plan.trainable_dtype_bytes
-    if trainable_bytes is None:
-        trainable_bytes = 4 if card.cuda else 2  # Unsloth's CPU path trains the adapter in bf16
-    elif trainable_bytes not in (2, 4) or isinstance(trainable_bytes, bool):
-        raise BudgetError(
-            f"trainable_dtype_bytes: must be 2 (bf16) or 4 (fp32), got {plan.trainable_dtype_bytes!r}"
-        )
+    if p.max_num_seqs is not None:
+        _whole("max_num_seqs", p.max_num_seqs)
+    trainable = p.trainable_dtype_bytes
+    if trainable is None:
+        trainable = 4 if card.cuda else 2  # Unsloth's CPU path trains the adapter in bf16
+    elif isinstance(trainable, bool) or trainable not in (2, 4):
+        raise BudgetError(f"trainable_dtype_bytes: must be 2 (bf16) or 4 (fp32), got {trainable!r}")
     elif not rank:
         raise BudgetError(
             "trainable_dtype_bytes: applies to LoRA only; full training keeps fp32 master weights, "
@@ -241,13 +301,14 @@ def resolve(plan: Plan) -> Resolved:
         )
 
     return Resolved(
-        plan=plan,
+        plan=p,
         shape=shape,
         card=card,
         layout=layout,
-        quant=quant,
+        quant="nf4" if p.load_in_4bit else "bf16",
         optimizer=optimizer,
         checkpointing=checkpointing,
+        dtype_bytes=dtype_bytes,
         lora_rank=rank,
         max_lora_rank=max_lora_rank if rank else 0,
         seq_len=seq_len,
@@ -255,11 +316,8 @@ def resolve(plan: Plan) -> Resolved:
         trainer_cards=trainer_cards,
         vllm_cards=vllm_gpus if layout == "server" else 0,
         gen_batch=gen_batch,
-        trainable_bytes=trainable_bytes if rank else 4,
         local_gen_batch=batch * grad_accum,
         prompts_per_step=gen_batch // generations,
+        trainable_bytes=trainable if rank else 4,
+        other_bytes=int(other * GIB),
     )
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)

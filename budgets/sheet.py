@@ -1,35 +1,39 @@
-"""The sheet: lines with their formulas, the phase totals, the verdict, and how it is printed."""
+"""The sheet: lines with their formulas, the phase totals, the problems, and how it is printed."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import advice
 from .errors import BudgetError
-
-GIB = 1 << 30
-# The moments of a GRPO step at which memory peaks. A line is held in the phases it lists.
-PHASES = ("start", "generate", "train")
-ALL_PHASES = PHASES
+from .formula import Term
+from .units import ALL, PHASES, gib
 
 
-def gib(n: float) -> float:
-    return n / GIB
-
-
-@dataclass
+@dataclass(kw_only=True)
 class Line:
+    """One thing a GRPO step holds on the card."""
+
     name: str  # stable snake_case: the lab logs budget/<name> and measured/<name>
-    bytes: int
-    formula: str  # the arithmetic as computed, with the numbers put in
+    term: Term  # the bytes and the formula that computes them, from the same numbers
     estimate: bool  # False: exact arithmetic of what the library allocates; True: to be measured
     note: str = ""
-    phases: tuple[str, ...] = ALL_PHASES
+    phases: tuple[str, ...] = ALL
+
+    @property
+    def bytes(self) -> int:
+        return int(self.term.value)
+
+    @property
+    def formula(self) -> str:
+        return self.term.text
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "bytes": int(self.bytes),
+            "bytes": self.bytes,
             "gib": round(gib(self.bytes), 4),
             "formula": self.formula,
             "estimate": self.estimate,
@@ -38,55 +42,75 @@ class Line:
         }
 
 
+@dataclass(frozen=True)
+class Problem:
+    """Why a plan does not fit: the line (or setting) at fault, what is wrong, what would shrink it."""
+
+    name: str
+    message: str
+    changes: tuple[advice.Change, ...] = ()
+
+    def text(self, values: dict[str, Any], accepts: Collection[str] | None = None) -> str:
+        fix = advice.render(self.changes, values, accepts) if self.changes else ""
+        return f"{self.name}: {self.message}" + (f": {fix}" if fix else "")
+
+
+def phase_totals(lines: list[Line]) -> dict[str, int]:
+    return {p: sum(ln.bytes for ln in lines if p in ln.phases) for p in PHASES}
+
+
 @dataclass
-class Card:
+class CardSheet:
     """One card (or a group of identical cards) of a multi-card layout."""
 
     role: str  # "trainer", "vllm", "trainer+vllm"
     count: int
     lines: list[Line]
     capacity_bytes: int
-    phases: dict[str, int] = field(default_factory=dict)
-    problems: list[tuple[str, str]] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def phases(self) -> dict[str, int]:
+        return phase_totals(self.lines)
 
     @property
     def total_bytes(self) -> int:
-        return max(self.phases.values()) if self.phases else sum(ln.bytes for ln in self.lines)
+        return max(self.phases.values())
 
     @property
     def fits(self) -> bool:
         return not self.problems and self.total_bytes <= self.capacity_bytes
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, values: dict[str, Any]) -> dict[str, Any]:
         return {
             "role": self.role,
             "count": self.count,
             "lines": [ln.to_dict() for ln in self.lines],
             "phases": self.phases,
-            "total_bytes": int(self.total_bytes),
-            "capacity_bytes": int(self.capacity_bytes),
+            "total_bytes": self.total_bytes,
+            "capacity_bytes": self.capacity_bytes,
             "fits": self.fits,
-            "problems": [f"{name}: {msg}" for name, msg in self.problems],
+            "problems": [p.text(values) for p in self.problems],
         }
-
-
-def phase_totals(lines: list[Line], phases: tuple[str, ...] = PHASES) -> dict[str, int]:
-    return {p: sum(ln.bytes for ln in lines if p in ln.phases) for p in phases}
 
 
 @dataclass
 class Sheet:
-    """The budget of one plan. `lines` are the trainer card's (the card the lab runs on)."""
+    """The budget of one plan. `lines` are the trainer card's (the card the lab runs on); a layout
+    with more than one kind of card lists each in `per_card`."""
 
     title: str
     lines: list[Line]
     capacity_bytes: int
-    phases: dict[str, int]
-    problems: list[tuple[str, str]]  # (line or input, one-line message with what to change)
+    problems: list[Problem]
     metrics: dict[str, Any]
-    inputs: dict[str, Any]
+    inputs: dict[str, Any]  # the resolved plan: what advice renders against
     notes: list[str] = field(default_factory=list)
-    per_card: list[Card] = field(default_factory=list)
+    per_card: list[CardSheet] = field(default_factory=list)
+
+    @property
+    def phases(self) -> dict[str, int]:
+        return phase_totals(self.lines)
 
     @property
     def total_bytes(self) -> int:
@@ -94,30 +118,33 @@ class Sheet:
         return max(self.phases.values())
 
     @property
+    def peak_phase(self) -> str:
+        return max(self.phases, key=self.phases.get)
+
+    @property
     def headroom_bytes(self) -> int:
         return self.capacity_bytes - self.total_bytes
 
     @property
     def fits(self) -> bool:
-        return not self.problems and all(c.fits for c in self.per_card)
+        return not self.problems
 
     def line(self, name: str) -> Line | None:
         return next((ln for ln in self.lines if ln.name == name), None)
 
-    def verdict(self) -> str:
+    def verdict(self, accepts: Collection[str] | None = None) -> str:
+        """One line. `accepts`: the settings the printing command takes (None: every Plan setting)."""
         if self.fits:
             return (
                 f"fits: peak {gib(self.total_bytes):.2f} GiB of {gib(self.capacity_bytes):.2f} GiB, "
                 f"headroom {gib(self.headroom_bytes):.2f} GiB"
             )
-        problems = self.problems or [p for c in self.per_card for p in c.problems]
-        name, msg = problems[0]
-        return f"does not fit: {name}: {msg}"
+        return "does not fit: " + self.problems[0].text(self.inputs, accepts)
 
-    def require_fits(self) -> None:
-        """Raise BudgetError (one line: the line that does not fit and what to change) unless it fits."""
+    def require_fits(self, accepts: Collection[str] | None = None) -> None:
+        """Raise BudgetError (one line: what does not fit and what to change) unless it fits."""
         if not self.fits:
-            raise BudgetError(self.verdict().removeprefix("does not fit: "))
+            raise BudgetError(self.verdict(accepts).removeprefix("does not fit: "))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -125,48 +152,35 @@ class Sheet:
             "inputs": self.inputs,
             "lines": [ln.to_dict() for ln in self.lines],
             "phases": self.phases,
-            "total_bytes": int(self.total_bytes),
-            "capacity_bytes": int(self.capacity_bytes),
-            "headroom_bytes": int(self.headroom_bytes),
+            "total_bytes": self.total_bytes,
+            "capacity_bytes": self.capacity_bytes,
+            "headroom_bytes": self.headroom_bytes,
             "fits": self.fits,
             "verdict": self.verdict(),
-            "problems": [f"{name}: {msg}" for name, msg in self.problems],
+            "problems": [p.text(self.inputs) for p in self.problems],
         }
         out.update(self.metrics)
-        out["per_card"] = [c.to_dict() for c in self.per_card]
+        out["per_card"] = [c.to_dict(self.inputs) for c in self.per_card]
         out["notes"] = self.notes
         return out
 
-    def table(self) -> str:
+    def table(self, accepts: Collection[str] | None = None) -> str:
         """The human table: one row per line, GiB with 2 decimals, exact/estimate, the formula."""
-        rows = [self.title, ""]
-        rows += _line_rows(self.lines)
-        rows.append("")
+        rows = [self.title, "", *_line_rows(self.lines), ""]
         rows.append(
             "  ".join(f"{p} {gib(v):.2f} GiB" for p, v in self.phases.items())
             + f"  | capacity {gib(self.capacity_bytes):.2f} GiB"
         )
         for c in self.per_card:
-            rows.append("")
-            rows.append(
+            rows += [
+                "",
                 f"per card: {c.count} x {c.role}: peak {gib(c.total_bytes):.2f} of "
-                f"{gib(c.capacity_bytes):.2f} GiB, {'fits' if c.fits else 'does not fit'}"
-            )
-            rows += _line_rows(c.lines)
-            rows += [f"  ! {name}: {msg}" for name, msg in c.problems]
+                f"{gib(c.capacity_bytes):.2f} GiB, {'fits' if c.fits else 'does not fit'}",
+                *_line_rows(c.lines),
+                *[f"  ! {p.text(self.inputs, accepts)}" for p in c.problems],
+            ]
         rows.append("")
-        for key in (
-            "trainable_params",
-            "train_state_bytes",
-            "kv_cache_bytes_per_token",
-            "max_concurrent_rollouts",
-            "decode_bytes_per_token",
-            "decode_tokens_per_s_ceiling",
-            "tokens_per_step",
-            "generation_seconds_estimate",
-            "weight_sync_bytes_per_step",
-            "weight_sync_seconds",
-        ):
+        for key in TABLE_METRICS:
             if self.metrics.get(key) is not None:
                 rows.append(f"{key:<30} {_fmt(key, self.metrics[key])}")
         for key, value in (self.metrics.get("vllm") or {}).items():
@@ -174,15 +188,27 @@ class Sheet:
         alt = self.metrics.get("standby_alternative")
         if alt:
             rows.append(
-                f"{'with standby' if alt['standby'] else 'without standby':<30} util "
+                f"{'with standby' if alt['unsloth_vllm_standby'] else 'without standby':<30} util "
                 f"{alt['effective_util']}, {alt['max_concurrent_rollouts']} rollouts at once, "
                 + "  ".join(f"{p} {gib(v):.2f}" for p, v in alt["phases"].items())
                 + f" GiB: {alt['verdict']}"
             )
-        rows.append("")
-        rows += [f"note: {n}" for n in self.notes]
-        rows.append(f"verdict: {self.verdict()}")
+        rows += ["", *[f"note: {n}" for n in self.notes], f"verdict: {self.verdict(accepts)}"]
         return "\n".join(rows)
+
+
+TABLE_METRICS = (
+    "trainable_params",
+    "train_state_bytes",
+    "kv_cache_bytes_per_token",
+    "max_concurrent_rollouts",
+    "decode_bytes_per_token",
+    "decode_tokens_per_s_ceiling",
+    "tokens_per_step",
+    "generation_seconds_estimate",
+    "weight_sync_bytes_per_step",
+    "weight_sync_seconds",
+)
 
 
 def _fmt(key: str, value: Any) -> str:

@@ -73,7 +73,7 @@ def unsloth_approximate(
     """unsloth_zoo.vllm_utils.approximate_vllm_memory_usage for a dense full-attention model, with
     the weight bytes load_vllm passes it. Returns (kv tokens, max seqs, actual util, KV GiB) as it does.
     The test checks this port against the installed function."""
-    hd, n_heads, n_kv, layers = shape.hidden, shape.heads, shape.kv_heads, shape.layers
+    hd, n_kv, layers = shape.hidden, shape.kv_heads, shape.layers
     mlp = shape.ffn
     free_memory = util * free
     q_size, kv_size = shape.q_dim, shape.kv_dim
@@ -88,15 +88,7 @@ def unsloth_approximate(
         + r * hd
     )
     lora = lora * layers * 2 if enable_lora else 0
-    # Its allowance for the trainer's activations (batch 2, 25 % margin, 2 bytes).
-    kv_hidden = hd // n_heads * n_kv
-    act = (
-        max_seq_length * 2 * (hd + 2 * kv_hidden)
-        + max_seq_length * 2 * 2
-        + max_seq_length * 2 * (2 * mlp)
-        + mlp * hd
-    )
-    act = act * 1.25 * 2 if training else 0
+    act = unsloth_activation_allowance(shape, max_seq_length) if training else 0
     if total - free_memory < act:
         free_memory = total - act
     actual_util = free_memory / total
@@ -106,6 +98,39 @@ def unsloth_approximate(
     tokens = int(0.95 * left / kv_per_token) if left > 0 else 0
     tokens = tokens // 256 * 256
     return tokens, int(tokens / max_seq_length), actual_util, left / GIB
+
+
+def unsloth_activation_allowance(shape: ModelShape, max_seq_length: int) -> float:
+    """What approximate_vllm_memory_usage leaves outside vLLM's share for the trainer: activations
+    of a batch of 2 at max_seq_length, plus one MLP weight, x 1.25 margin x 2 bytes."""
+    hd, mlp = shape.hidden, shape.ffn
+    kv_hidden = hd // shape.heads * shape.kv_heads
+    act = (
+        max_seq_length * 2 * (hd + 2 * kv_hidden)
+        + max_seq_length * 2 * 2
+        + max_seq_length * 2 * (2 * mlp)
+        + mlp * hd
+    )
+    return act * 1.25 * 2
+
+
+def unsloth_vllm_share(
+    shape: ModelShape, *, free: int, total: int, util: float, max_seq_length: int, training: bool = True
+) -> tuple[float, int]:
+    """The share of the card vLLM claims under Unsloth's fast_inference: (util handed to vLLM, bytes).
+
+    unsloth_zoo.vllm_utils.approximate_vllm_memory_usage scales the util it is given by the free
+    memory it measures (`free_memory = gpu_memory_utilization * free_memory`), keeps its activation
+    allowance outside, and load_vllm passes `free_memory / total` to vLLM as gpu_memory_utilization;
+    vLLM then claims ceil(total x that) (vllm/v1/worker/utils.py request_memory). So the share is
+    util x free at start, not util x total.
+    """
+    free_memory = util * free
+    act = unsloth_activation_allowance(shape, max_seq_length) if training else 0
+    if total - free_memory < act:
+        free_memory = total - act
+    handed = free_memory / total
+    return handed, vllm_requested_bytes(total, handed)
 
 
 def unsloth_engine_limits(kv_gib: float, max_seq_length: int) -> tuple[int, int]:

@@ -14,18 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from budgets import (
-    BudgetError,
-    Plan,
-    compute,
-    get_card,
-    largest,
-    load_shape,
-    plan_from_lab,
-    suggest_vllm_util,
-)
+from budgets import BudgetError, Plan, compute, get_card, largest, load_shape, suggest_vllm_util
 from budgets.cli import main
 from budgets.vllm_rules import unsloth_standby_util
+from grpolab.settings import lab_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "labs" / "grpo-first"
@@ -44,7 +36,12 @@ STABLE = {
     "logits",
     "reference_policy",
     "generate_kv_cache",
+    "vllm_lora_slots",
 }
+
+
+def lab_plan(profile: str = "gpu", **overrides) -> Plan:
+    return lab_settings(LAB, profile, overrides).plan()
 
 
 # --- shapes and cards ------------------------------------------------------------------------------
@@ -116,9 +113,9 @@ def test_cards():
 
 
 def test_lab_sheet_lines_and_verdict():
-    sheet = compute(plan_from_lab(LAB))
+    sheet = compute(lab_plan())
     names = [ln.name for ln in sheet.lines]
-    assert set(names) <= STABLE | {"vllm_lora_slots"}
+    assert set(names) <= STABLE
     assert {
         "cuda_context",
         "base_weights",
@@ -130,24 +127,65 @@ def test_lab_sheet_lines_and_verdict():
         "cuda_graphs",
         "train_activations",
         "logits",
-        "reference_policy",
-    } <= set(names)  # beta 0.02 > 0: the reference line is there
+    } <= set(names)
+    # beta 0.02 > 0, but Unsloth's trainer (the GPU profile's) takes the reference from the base with
+    # the adapter disabled: no reference line; the sheet says why.
+    assert "reference_policy" not in names
+    assert any("adapter disabled" in note for note in sheet.notes)
     assert "generate_kv_cache" not in names  # vLLM generates: no HF cache line
     assert sheet.fits and sheet.total_bytes <= sheet.capacity_bytes
-    # The vLLM share holds exactly util x total: weights + slots + profiling + graphs + KV.
+    # vLLM's share holds exactly what vLLM claims: weights + slots + profiling + graphs + KV.
     share = sum(
         sheet.line(n).bytes
         for n in ("base_weights", "vllm_lora_slots", "vllm_profile_activations", "cuda_graphs", "kv_cache")
     )
-    assert share == math.ceil(0.45 * get_card("rtx-5080").memory_bytes)
+    assert share == sheet.metrics["vllm"]["requested_bytes"]
     exact = {ln.name for ln in sheet.lines if not ln.estimate}
-    assert exact == {"base_weights", "lora_params", "lora_grads", "optimizer_states", "reference_policy"}
+    assert exact == {"base_weights", "lora_params", "lora_grads", "optimizer_states"}
     text = sheet.table()
     assert "kv_cache" in text and "verdict: fits" in text
 
 
+def test_the_share_is_unsloths_util_times_free_memory():
+    """unsloth_zoo hands vLLM util x free / total; vLLM claims ceil(total x that)."""
+    total = get_card("rtx-5080").memory_bytes
+    for other in (0.0, 1.0):
+        sheet = compute(lab_plan(other_processes_gib=other, gpu_memory_utilization=0.45))
+        free = total - sheet.line("cuda_context").bytes - int(other * GIB)
+        requested = sheet.metrics["vllm"]["requested_bytes"]
+        assert requested == pytest.approx(0.45 * free, rel=1e-6)
+    # FACTS: on an RTX 5080 with 0.5 GiB in use (the CUDA context), 0.45 gives a 6.94 GiB share.
+    share = compute(lab_plan(gpu_memory_utilization=0.45)).metrics["vllm"]["requested_bytes"]
+    assert share / GIB == pytest.approx(6.94, abs=0.005)
+    # A desktop holding 1 GiB takes 0.45 GiB of the share, all of it from the KV cache.
+    kv = [
+        compute(lab_plan(other_processes_gib=o, gpu_memory_utilization=0.45)).line("kv_cache").bytes
+        for o in (0.0, 1.0)
+    ]
+    assert (kv[0] - kv[1]) / GIB == pytest.approx(0.45, abs=0.01)
+
+
+def test_the_sheets_share_equals_unsloth_zoos_own_arithmetic():
+    """The share the sheet budgets equals what unsloth_zoo's approximate_vllm_memory_usage hands vLLM,
+    run from its installed source with the card's free memory."""
+    from test_budgets_libraries import _unsloth_functions, hf_config
+
+    total = get_card("rtx-5080").memory_bytes
+    for other in (0.0, 1.5):
+        sheet = compute(lab_plan(other_processes_gib=other))
+        info = sheet.metrics["vllm"]
+        fns = _unsloth_functions(info["free_at_start_bytes"], total)
+        handed = fns["approximate_vllm_memory_usage"](
+            hf_config("qwen3-4b"),
+            load_in_4bit=True,
+            max_seq_length=1024,
+            gpu_memory_utilization=lab_settings(LAB, "gpu").gpu_memory_utilization,
+        )[2]
+        assert info["requested_bytes"] == math.ceil(total * handed)
+
+
 def test_cpu_profile_sheet():
-    sheet = compute(plan_from_lab(LAB, "cpu"))
+    sheet = compute(lab_plan("cpu"))
     names = {ln.name for ln in sheet.lines}
     assert "cuda_context" not in names and "kv_cache" not in names and "generate_kv_cache" in names
     assert sheet.capacity_bytes == get_card("cpu").memory_bytes and sheet.fits
@@ -157,71 +195,93 @@ def test_trainable_and_reference_lines_match_the_measured_cpu_run():
     # Measured in the lab's CPU run (Unsloth 2026.10.9, TRL 1.15.0, PEFT 0.21.2, tiny-qwen3, r 16,
     # beta 0.02): the "default" adapter, its grads and AdamW's exp_avg / exp_avg_sq are bf16 once
     # training starts; TRL's frozen "ref" adapter is an fp32 copy of it.
-    sheet = compute(plan_from_lab(LAB, "cpu"))
+    sheet = compute(lab_plan("cpu"))
     n = sheet.metrics["trainable_params"]
-    assert n == 32768 and sheet.inputs["trainable_dtype_bytes"] == 2
+    assert sheet.inputs["trainable_dtype_bytes"] == 2
     assert sheet.line("lora_params").bytes == n * 2
     assert sheet.line("lora_grads").bytes == n * 2
     assert sheet.line("optimizer_states").bytes == 2 * n * 2  # adamw_torch
     assert sheet.line("reference_policy").bytes == n * 4
-    assert (
-        "x 2 B" in sheet.line("lora_params").formula and "measured on CPU" in sheet.line("lora_params").note
-    )
+    assert "x 2 B" in sheet.line("lora_params").formula and "measured on CPU" in sheet.line("lora_params").note
     assert "'ref' adapter" in sheet.line("reference_policy").formula
     assert sheet.metrics["train_state_bytes"] == sheet.line("base_weights").bytes + 8 * n
-    # beta 0: TRL adds no reference adapter.
-    assert compute(plan_from_lab(LAB, "cpu", beta=0.0)).line("reference_policy") is None
-    # Explicitly fp32 (the lab.toml key or --trainable-dtype-bytes 4): PEFT's fp32 adapter.
-    fp32 = compute(plan_from_lab(LAB, "cpu", trainable_dtype_bytes=4))
+    assert compute(lab_plan("cpu", beta=0.0)).line("reference_policy") is None
+    fp32 = compute(lab_plan("cpu").with_(trainable_dtype_bytes=4))
     assert fp32.line("lora_params").bytes == n * 4 and fp32.line("optimizer_states").bytes == 8 * n
-    assert fp32.line("reference_policy").bytes == n * 4
 
 
-def test_gpu_profile_keeps_fp32_trainables_and_adds_the_ref_adapter():
-    sheet = compute(plan_from_lab(LAB))
+def test_the_reference_line_follows_the_trainer_that_runs():
+    plan = lab_plan()
+    assert compute(plan).line("reference_policy") is None
+    trl = compute(plan.with_(grpo_trainer="trl"))
+    assert trl.line("reference_policy").bytes == trl.metrics["trainable_params"] * 4
+    assert compute(plan.with_(grpo_trainer="trl", beta=0.0)).line("reference_policy") is None
+
+
+def test_gpu_profile_keeps_fp32_trainables():
+    sheet = compute(lab_plan())
     n = sheet.metrics["trainable_params"]
     assert sheet.inputs["trainable_dtype_bytes"] == 4
     assert sheet.line("lora_params").bytes == sheet.line("lora_grads").bytes == n * 4
-    assert sheet.line("reference_policy").bytes == n * 4  # beta 0.02: a frozen fp32 copy of the adapter
-    assert sheet.line("reference_policy").phases == sheet.line("lora_params").phases
     # 8-bit AdamW keeps uint8 / fp32 state whatever the parameter's dtype.
-    bf16 = compute(plan_from_lab(LAB, trainable_dtype_bytes=2))
+    bf16 = compute(lab_plan().with_(trainable_dtype_bytes=2))
     assert bf16.line("lora_params").bytes == n * 2
     assert bf16.line("optimizer_states").bytes == sheet.line("optimizer_states").bytes
 
 
-def test_lab_overrides_follow_the_lab_bound():
-    plan = plan_from_lab(
-        LAB, "gpu", num_generations=4, max_completion_length=16, per_device_train_batch_size=4
-    )
-    assert (plan.generations, plan.completion_len, plan.prompt_len) == (4, 16, 1024 - 16)
-    cli = plan_from_lab(LAB, "gpu", generations=4, max_completion_length=16, batch=4)
-    assert compute(plan).to_dict()["lines"] == compute(cli).to_dict()["lines"]
+def test_a_new_group_size_keeps_the_prompts_per_step():
+    plan = lab_plan(num_generations=4, max_completion_length=16)
+    assert (plan.num_generations, plan.per_device_train_batch_size) == (4, 4)
+    assert (plan.max_completion_length, plan.max_prompt_length) == (16, 1024 - 16)
+    assert Plan(num_generations=8, per_device_train_batch_size=16).with_num_generations(4).per_device_train_batch_size == 8
+
+
+def test_every_formula_prints_the_numbers_its_value_comes_from():
+    """Numbers in a formula are the arithmetic's own: multiply the factors a product line prints."""
+    import re
+
+    for plan in (lab_plan(), lab_plan("cpu"), Plan(model="qwen3-8b", gpu="h100-sxm", load_in_4bit=False)):
+        for ln in compute(plan).lines:
+            if ln.name in ("lora_params", "lora_grads", "generate_kv_cache") or (
+                ln.name == "logits" and "chunk" not in ln.formula
+            ):
+                text = re.sub(r"\([^()]* = ([\d,]+)\)", r" \1 ", ln.formula)  # a named term: its value
+                factors = [int(x.replace(",", "")) for x in re.findall(r"(?<![\w.])(\d[\d,]*)(?![\w.])", text)]
+                product = math.prod(f for f in factors if f)
+                assert product == ln.bytes, (ln.name, ln.formula, product, ln.bytes)
 
 
 def test_standby_takes_unsloths_tier_and_frees_the_kv_cache_for_training():
-    plan = plan_from_lab(LAB)
+    plan = lab_plan(gpu_memory_utilization=0.45)
     total = get_card("rtx-5080").memory_bytes
     assert unsloth_standby_util(total) == pytest.approx(0.8 * 0.95)  # a 16 GB card: tier 0.8
-    sheet = compute(plan.with_(standby=True))
-    assert sheet.metrics["vllm"]["effective_util"] == pytest.approx(0.76)
+    sheet = compute(plan.with_(unsloth_vllm_standby=True))
+    free = sheet.metrics["vllm"]["free_at_start_bytes"]
+    assert sheet.metrics["vllm"]["requested_bytes"] == pytest.approx(0.76 * free, rel=1e-6)
     assert "train" not in sheet.line("kv_cache").phases
-    kept = compute(plan.with_(standby=True, standby_util_override=True))
-    assert kept.metrics["vllm"]["effective_util"] == 0.45
-    assert compute(plan).metrics["standby_alternative"]["standby"] is True
+    kept = compute(plan.with_(unsloth_vllm_standby=True, unsloth_vllm_standby_util_override=True))
+    assert kept.metrics["vllm"]["requested_bytes"] == pytest.approx(0.45 * free, rel=1e-6)
+    assert compute(plan).metrics["standby_alternative"]["unsloth_vllm_standby"] is True
 
 
-def test_vllm_refuses_when_free_memory_is_short():
-    sheet = compute(plan_from_lab(LAB).with_(vllm_util=0.99))
+def test_vllm_refuses_to_start_where_trl_passes_the_util_unchanged():
+    """Under Unsloth the share is scaled by the free memory and always starts; TRL's colocate mode
+    asks for util x total after the trainer's model is loaded, which can be more than is free."""
+    assert compute(lab_plan(gpu_memory_utilization=0.99)).metrics["vllm"]["starts"]
+    sheet = compute(
+        Plan(model="qwen3-1.7b", gpu="rtx-4090", layout="colocate", load_in_4bit=False, gpu_memory_utilization=0.95)
+    )
     assert not sheet.fits and not sheet.metrics["vllm"]["starts"]
     with pytest.raises(BudgetError) as err:
         sheet.require_fits()
     msg = str(err.value)
-    assert "\n" not in msg and msg.startswith("vllm_util:") and "lower --vllm-util" in msg
+    assert "\n" not in msg and msg.startswith("gpu_memory_utilization:") and "lower --gpu-memory-utilization" in msg
 
 
 def test_too_big_names_the_line_and_what_to_change():
-    sheet = compute(Plan(model="qwen3-8b", gpu="t4", quant="bf16", completion_len=4096, prompt_len=512))
+    sheet = compute(
+        Plan(model="qwen3-8b", gpu="t4", load_in_4bit=False, max_completion_length=4096, max_prompt_length=512)
+    )
     assert not sheet.fits
     with pytest.raises(BudgetError) as err:
         sheet.require_fits()
@@ -234,28 +294,30 @@ def test_too_big_names_the_line_and_what_to_change():
 @pytest.mark.parametrize(
     "changes, name",
     [
-        ({"completion_len": -5}, "completion_len"),
-        ({"prompt_len": 0}, "prompt_len"),
+        ({"max_completion_length": -5}, "max_completion_length"),
+        ({"max_prompt_length": 0}, "max_prompt_length"),
         ({"lora_rank": 0}, "lora_rank"),
         ({"lora_rank": None}, "lora_rank"),
         ({"gpu": "gtx-1080"}, "gpu"),
         ({"model": "qwen9-1t"}, "model"),
-        ({"vllm_util": 0}, "vllm_util"),
-        ({"vllm_util": 1.2}, "vllm_util"),
-        ({"batch": 6}, "batch"),
+        ({"gpu_memory_utilization": 0}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": 1.2}, "gpu_memory_utilization"),
+        ({"per_device_train_batch_size": 6}, "per_device_train_batch_size"),
         ({"layout": "torus"}, "layout"),
-        ({"quant": "int3"}, "quant"),
-        ({"optimizer": "sgd"}, "optimizer"),
-        ({"full": True}, "lora_rank"),
-        ({"full": True, "lora_rank": None}, "quant"),
-        ({"layout": "server", "gpus": 2, "vllm_gpus": 1}, "quant"),
-        ({"layout": "server", "gpus": 2, "vllm_gpus": 2, "quant": "bf16"}, "vllm_gpus"),
+        ({"optim": "sgd"}, "optim"),
+        ({"dtype": "int3"}, "dtype"),
+        ({"full_finetuning": True}, "lora_rank"),
+        ({"full_finetuning": True, "lora_rank": None}, "load_in_4bit"),
+        ({"layout": "server", "gpus": 2, "vllm_gpus": 1}, "load_in_4bit"),
+        ({"layout": "server", "gpus": 2, "vllm_gpus": 2, "load_in_4bit": False}, "vllm_gpus"),
         ({"max_seq_length": 100}, "max_seq_length"),
         ({"beta": -1}, "beta"),
-        ({"gradient_checkpointing": "maybe"}, "gradient_checkpointing"),
+        ({"use_gradient_checkpointing": "maybe"}, "use_gradient_checkpointing"),
         ({"trainable_dtype_bytes": 3}, "trainable_dtype_bytes"),
+        ({"other_processes_gib": -1}, "other_processes_gib"),
+        ({"grpo_trainer": "mine"}, "grpo_trainer"),
         (
-            {"trainable_dtype_bytes": 2, "full": True, "lora_rank": None, "quant": "bf16"},
+            {"trainable_dtype_bytes": 2, "full_finetuning": True, "lora_rank": None, "load_in_4bit": False},
             "trainable_dtype_bytes",
         ),
     ],
@@ -269,14 +331,15 @@ def test_bad_inputs_name_the_input(changes, name):
 @pytest.mark.parametrize(
     "argv",
     [
-        ["--completion-len", "-5"],
+        ["--max-completion-length", "-5"],
         ["--lora-rank", "0"],
         ["--gpu", "gtx-1080"],
         ["--model", "nope"],
-        ["--vllm-util", "1.5"],
+        ["--gpu-memory-utilization", "1.5"],
         ["--gpu-memory-gb", "16"],
         ["--layout", "torus"],
         ["--lab", "labs/nope"],
+        ["--lab", "labs/grpo-first", "--num-generations", "0"],
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2(argv, capsys):
@@ -284,7 +347,8 @@ def test_cli_bad_input_is_one_line_exit_2(argv, capsys):
         raise SystemExit(main(argv))
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("budgets: ") and "\n" not in err and "Traceback" not in err
+    assert err.startswith("budgets: ") or err.startswith("python -m budgets: ")
+    assert "\n" not in err and "Traceback" not in err
 
 
 # --- CLI -------------------------------------------------------------------------------------------
@@ -300,6 +364,7 @@ SCHEMA = {
     "max_concurrent_rollouts",
     "decode_bytes_per_token",
     "decode_tokens_per_s_ceiling",
+    "decode_tokens_per_s_step_ceiling",
     "weight_sync_bytes_per_step",
     "weight_sync_seconds",
     "per_card",
@@ -317,61 +382,65 @@ def test_cli_json_schema_for_the_lab():
     data = json.loads(out)
     assert set(data) >= SCHEMA
     assert all({"name", "bytes", "formula", "estimate"} <= set(ln) for ln in data["lines"])
-    assert data == json.loads(json.dumps(compute(plan_from_lab(LAB)).to_dict()))
+    assert data == json.loads(json.dumps(compute(lab_plan()).to_dict()))
+
+
+def test_the_cli_takes_the_labs_own_flags_and_the_lab_settings_names():
+    """One vocabulary: what `--lab X --num-generations 4` prints is the plan the lab would run."""
+    assert main(["--lab", "labs/grpo-first", "--num-generations", "4", "--json"]) == 0
 
 
 def test_cli_table_and_flags(capsys):
-    assert (
-        main(
-            [
-                "--model",
-                "Qwen3-8B",
-                "--gpu-memory-gb",
-                "24",
-                "--gpu-bandwidth-gbs",
-                "1008",
-                "--generations",
-                "4",
-                "--batch",
-                "4",
-                "--optimizer",
-                "adamw_torch",
-                "--beta",
-                "0",
-            ]
-        )
-        == 0
-    )
+    argv = ["--model", "Qwen3-8B", "--gpu-memory-gb", "24", "--gpu-bandwidth-gbs", "1008"]
+    argv += ["--num-generations", "4", "--per-device-train-batch-size", "4", "--optim", "adamw_torch"]
+    assert main([*argv, "--beta", "0"]) == 0
     out = capsys.readouterr().out
-    assert "Qwen3-8B" in out and "verdict:" in out and "reference_policy" not in out
+    assert "Qwen3-8B" in out and "verdict:" in out
     assert main(["--lab", "labs/grpo-first", "--profile", "cpu", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["inputs"]["gpu"] == "cpu"
     assert main(["--lab", "labs/grpo-first", "--trainable-dtype-bytes", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["inputs"]["trainable_dtype_bytes"] == 2
+    assert main(["--lab", "labs/grpo-first", "--num-generations", "4", "--json"]) == 0
+    inputs = json.loads(capsys.readouterr().out)["inputs"]
+    assert (inputs["num_generations"], inputs["per_device_train_batch_size"]) == (4, 4)
+
+
+def test_the_card_list_in_help_is_the_catalog(capsys):
+    from budgets import card_names
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert ", ".join(card_names()) in out
 
 
 # --- headroom ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("knob", ["generations", "completion_len", "batch"])
+@pytest.mark.parametrize("knob", ["num_generations", "max_completion_length", "per_device_train_batch_size"])
 def test_headroom_is_the_edge(knob):
-    plan = plan_from_lab(LAB).with_(gpu="t4")
+    plan = lab_plan().with_(gpu="t4")
     h = largest(plan, knob)
     assert h.largest and h.largest >= getattr(plan, knob) and h.binding
     from budgets.headroom import _variant
 
     assert compute(_variant(plan, knob, h.largest)).fits
-    step = {"completion_len": 16, "batch": plan.generations, "generations": 1}[knob]
-    assert not compute(_variant(plan, knob, h.largest + step)).fits
+    step = {"max_completion_length": 16, "per_device_train_batch_size": plan.num_generations, "num_generations": 1}
+    assert not compute(_variant(plan, knob, h.largest + step[knob])).fits
 
 
 def test_suggest_vllm_util_for_the_lab():
     for gpu in ("rtx-5080", "t4", "rtx-4060-ti-16gb"):
-        plan = plan_from_lab(LAB).with_(gpu=gpu)
+        plan = lab_plan().with_(gpu=gpu)
         util, why = suggest_vllm_util(plan)
         assert 0 < util <= 1 and why
-        assert compute(plan.with_(vllm_util=util)).fits
-    assert compute(plan_from_lab(LAB)).fits  # the lab's 0.45 fits the RTX 5080
+        assert compute(plan.with_(gpu_memory_utilization=util)).fits
+
+
+def test_the_labs_share_is_the_one_the_sheet_suggests():
+    """lab.toml's gpu_memory_utilization is derived from --suggest-util, not copied from elsewhere."""
+    util, _ = suggest_vllm_util(lab_plan())
+    assert lab_settings(LAB, "gpu").gpu_memory_utilization == util
 
 
 # --- beyond one card -------------------------------------------------------------------------------
@@ -384,14 +453,14 @@ def test_server_layout_per_card_and_weight_sync():
         gpus=4,
         layout="server",
         vllm_gpus=2,
-        quant="bf16",
-        vllm_util=0.9,
+        load_in_4bit=False,
+        gpu_memory_utilization=0.9,
         link_gbps=400,
-        optimizer="adamw_torch",
-        prompt_len=512,
-        completion_len=1536,
-        generations=8,
-        batch=8,
+        optim="adamw_torch",
+        max_prompt_length=512,
+        max_completion_length=1536,
+        num_generations=8,
+        per_device_train_batch_size=8,
         beta=0.0,
     )
     sheet = compute(plan)
@@ -411,21 +480,19 @@ def test_fsdp_shards_full_training_16_bytes_per_parameter():
         model="qwen3-8b",
         gpu="h100-sxm",
         layout="server",
-        quant="bf16",
-        full=True,
+        load_in_4bit=False,
+        full_finetuning=True,
         lora_rank=None,
-        optimizer="adamw_torch",
-        vllm_util=0.9,
-        generations=8,
-        batch=8,
+        optim="adamw_torch",
+        gpu_memory_utilization=0.9,
+        num_generations=8,
+        per_device_train_batch_size=8,
         beta=0.0,
     )
     n = load_shape("qwen3-8b").total_params()
     ddp = compute(Plan(**base, gpus=3, vllm_gpus=1))
     fsdp = compute(Plan(**base, gpus=5, vllm_gpus=1, trainer_sharding="fsdp"))
-    state = {
-        ln.name: ln.bytes for ln in ddp.lines if ln.name in ("base_weights", "full_grads", "optimizer_states")
-    }
+    state = {ln.name: ln.bytes for ln in ddp.lines if ln.name in ("base_weights", "full_grads", "optimizer_states")}
     assert sum(state.values()) == 16 * n  # fp32 weights 4 + grads 4 + Adam 8
     assert fsdp.line("base_weights").bytes == math.ceil(n * 4 / 4)
     assert not ddp.per_card[0].fits and fsdp.per_card[0].fits  # 8B full on one 80 GB card does not fit
@@ -437,24 +504,25 @@ def test_colocate_holds_a_second_copy_and_reference_copy_for_full():
             model="qwen3-1.7b",
             gpu="rtx-4090",
             layout="colocate",
-            quant="bf16",
-            vllm_util=0.3,
+            load_in_4bit=False,
+            gpu_memory_utilization=0.3,
             beta=0.04,
             gpus=2,
+            grpo_trainer="trl",
         )
     )
     assert lora.line("vllm_weights") is not None and lora.per_card[0].count == 2
-    # LoRA: TRL's frozen "ref" adapter, an fp32 copy of the trainable one (no copy of the model).
+    # LoRA under TRL: its frozen "ref" adapter, an fp32 copy of the trainable one.
     assert lora.line("reference_policy").bytes == lora.metrics["trainable_params"] * 4
     full = compute(
         Plan(
             model="qwen3-1.7b",
             gpu="h100-sxm",
             layout="colocate",
-            quant="bf16",
-            full=True,
+            load_in_4bit=False,
+            full_finetuning=True,
             lora_rank=None,
-            vllm_util=0.3,
+            gpu_memory_utilization=0.3,
             beta=0.04,
         )
     )
@@ -462,8 +530,9 @@ def test_colocate_holds_a_second_copy_and_reference_copy_for_full():
 
 
 def test_roofline():
-    sheet = compute(plan_from_lab(LAB))
+    sheet = compute(lab_plan())
     m = sheet.metrics
     assert m["tokens_per_step"] == 8 * 768
     assert m["decode_tokens_per_s_ceiling"] == pytest.approx(960e9 / m["decode_bytes_per_token"], rel=1e-3)
     assert m["generation_seconds_estimate"] > 768 * m["decode_bytes_per_token"] / 960e9 * 0.5
+    assert m["decode_tokens_per_s_step_ceiling"] == pytest.approx(m["tokens_per_step"] / m["generation_seconds_estimate"], rel=1e-3)

@@ -181,19 +181,17 @@ def test_reference_adapter_equals_the_cpu_profile_line():
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from budgets import plan_from_lab
-    from budgets.lab import read_lab
+    from grpolab.settings import lab_settings
 
-    lab = ROOT / "labs" / "grpo-first"
-    settings = read_lab(lab, "cpu")
-    sheet = compute(plan_from_lab(lab, "cpu"))
-    assert settings["beta"] > 0
+    settings = lab_settings(ROOT / "labs" / "grpo-first", "cpu")
+    sheet = compute(settings.plan())
+    assert settings.beta > 0 and settings.grpo_trainer == "trl"
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(hf_config("tiny-qwen3")).to(torch.bfloat16)
     config = LoraConfig(
-        r=settings["lora_rank"],
-        lora_alpha=settings["lora_alpha"],
-        target_modules=list(settings["target_modules"]),
+        r=settings.lora_rank,
+        lora_alpha=settings.lora_alpha,
+        target_modules=list(settings.target_modules),
         lora_dropout=0.0,
         bias="none",
     )
@@ -299,9 +297,9 @@ def test_unsloth_estimator_port_equals_unsloth_zoo(name, util, nf4):
 def test_sheet_kv_line_against_unsloths_estimate():
     """Not equal by design: Unsloth counts NF4 at 5 bits, keeps 5 % back and uses its own activation
     allowance. The sheet's KV line should land within 25 % of it for the first lab's plan."""
-    from budgets import plan_from_lab
+    from grpolab.settings import lab_settings
 
-    sheet = compute(plan_from_lab(ROOT / "labs" / "grpo-first"))
+    sheet = compute(lab_settings(ROOT / "labs" / "grpo-first", "gpu").plan())
     info = sheet.metrics["vllm"]
     ratio = info["kv_cache_bytes"] / info["unsloth_kv_estimate_bytes"]
     ours, theirs = info["kv_cache_bytes"] / 2**30, info["unsloth_kv_estimate_bytes"] / 2**30
@@ -326,7 +324,7 @@ def _profiled_peak(fn) -> int:
     return peak
 
 
-@pytest.mark.parametrize("checkpointing", ["none", "true"])
+@pytest.mark.parametrize("checkpointing", ["false", "true"])
 def test_activation_line_against_the_profiler(checkpointing, tmp_path):
     """The sheet's train_activations (estimate) against the measured peak of forward + backward through
     the decoder of a small bf16 Qwen3 with PEFT LoRA on all seven linears (logits left out: their own
@@ -354,14 +352,14 @@ def test_activation_line_against_the_profiler(checkpointing, tmp_path):
         model=str(tmp_path),
         gpu="cpu",
         fast_inference=False,
-        gradient_checkpointing=checkpointing,
-        batch=batch,
-        generations=4,
-        prompt_len=prompt,
-        completion_len=completion,
+        use_gradient_checkpointing=checkpointing,
+        per_device_train_batch_size=batch,
+        num_generations=4,
+        max_prompt_length=prompt,
+        max_completion_length=completion,
         lora_rank=16,
-        optimizer="adamw_torch",
-        quant="bf16",
+        optim="adamw_torch",
+        load_in_4bit=False,
     )
     predicted = compute(plan).line("train_activations").bytes
 
