@@ -1,9 +1,19 @@
-"""Addition of two integers in 0..999: the toy task of the first lab."""
+"""Addition of two integers in 0..999: the toy task of the first lab.
+
+Answer: one integer inside ``<ans></ans>``; the rewards are the integer-answer ones in
+``task.rewards`` (``correctness_reward``, ``format_reward``). Example prompt, the longest (95
+characters, 175 chat-templated)::
+
+    system: Add the two numbers. Give the final answer as one integer inside <ans></ans>.
+    user:   What is 999 + 999?
+"""
 
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from task.dataset import build_rows, messages
 
 if TYPE_CHECKING:
     import datasets
@@ -12,6 +22,8 @@ NAME = "addition"
 LOW, HIGH = 0, 999
 # Short on purpose: the tiny char-level CPU model sees it in every prompt too.
 SYSTEM_PROMPT = "Add the two numbers. Give the final answer as one integer inside <ans></ans>."
+# The columns the rewards read besides prompts and completions.
+REWARD_COLUMNS = ("target",)
 
 
 def question(a: int, b: int) -> str:
@@ -19,21 +31,35 @@ def question(a: int, b: int) -> str:
     return f"What is {a} + {b}?"
 
 
-def build_dataset(n: int, seed: int) -> datasets.Dataset:
-    """``n`` conversational prompts with columns prompt, target, a, b; same (n, seed), same rows."""
-    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-        raise ValueError(f"the number of examples must be a positive integer, got {n!r}")
-    import datasets  # here, not at the top: it costs seconds, and `import task` should stay light
+def _draw(rng: random.Random) -> tuple[int, int]:
+    return rng.randint(LOW, HIGH), rng.randint(LOW, HIGH)
 
-    # A private generator: global random state would make the data depend on whatever ran before.
-    rng = random.Random(seed)
-    rows: dict[str, list] = {"prompt": [], "target": [], "a": [], "b": []}
-    for _ in range(n):
-        a, b = rng.randint(LOW, HIGH), rng.randint(LOW, HIGH)
-        rows["prompt"].append(
-            [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question(a, b)}]
-        )
-        rows["target"].append(a + b)
-        rows["a"].append(a)
-        rows["b"].append(b)
-    return datasets.Dataset.from_dict(rows)
+
+def _key(problem: tuple[int, int]) -> tuple[int, int]:
+    # 3 + 5 and 5 + 3 are one problem: a model that trained on one has seen the other.
+    return min(problem), max(problem)
+
+
+def _row(problem: tuple[int, int]) -> dict[str, Any]:
+    a, b = problem
+    return {"prompt": messages(SYSTEM_PROMPT, question(a, b)), "target": a + b, "a": a, "b": b}
+
+
+def build_dataset(n: int, seed: int) -> datasets.Dataset:
+    """``n`` training prompts with columns prompt, target, a, b; same (n, seed), same rows."""
+    return build_rows(n, seed, "train", _draw, _key, _row)
+
+
+def build_eval_dataset(n: int, seed: int) -> datasets.Dataset:
+    """``n`` held-out prompts, none of them (in either order) among any seed's training prompts."""
+    return build_rows(n, seed, "eval", _draw, _key, _row)
+
+
+def worst_case_prompt() -> list[dict[str, str]]:
+    """The longest prompt the builder can make: both numbers with the most digits."""
+    return messages(SYSTEM_PROMPT, question(HIGH, HIGH))
+
+
+def reference_answer(row: dict[str, Any]) -> str:
+    """What belongs inside the tag for a dataset row."""
+    return str(row["target"])

@@ -1,15 +1,30 @@
-"""Verifiable rewards for tasks that answer with one integer inside ``<ans></ans>``.
+"""Verifiable rewards: the one ``<ans></ans>`` answer every task uses, and the integer-answer rewards.
 
 Plain functions with TRL's reward signature ``(prompts, completions, **columns) -> list[float]``,
-open-r1 style. TRL logs each one as ``rewards/<__name__>/mean``, so the names are part of the API.
-They never raise on model output: one bad completion must not crash a training step.
+open-r1 style. TRL logs each one as ``rewards/<__name__>/mean``, so the names are part of the API:
+every task names its two rewards ``correctness_reward`` and ``format_reward``.
+
+They are total: whatever a model (or a caller) hands them, they return one float per completion and
+never raise, as one bad completion must not crash a training step. Each task has one parser that
+turns a completion into its answer or None; its format reward pays ``FORMAT_REWARD`` exactly when
+that parser returns an answer, and its correctness reward compares that same answer with the target,
+so the two can never disagree on what an answer is.
+
+The integer answer, as the chapter defines it: the regex ``<ans>\\s*(-?\\d+)\\s*</ans>`` matching the
+completion's one and only ``<ans>`` tag, with ASCII digits (``\\d`` would take '٣') and at most
+``MAX_DIGITS`` of them. Example::
+
+    >>> parse_answer("The sum is <ans> 579 </ans>.")
+    579
+    >>> [parse_answer(t) for t in ("<ans></ans>", "<ans>5 79</ans>", "<ans>5</ans><ans>5</ans>")]
+    [None, None, None]
 """
 
 from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 OPEN_TAG = "<ans>"
@@ -18,9 +33,12 @@ FORMAT_REWARD = 0.2
 CORRECT_REWARD = 1.0
 # Bounds the parsed value and keeps int() far from Python's 4300-digit limit; the tasks' answers are short.
 MAX_DIGITS = 12
+# The most integers a list answer (or a list target) may hold before it is malformed.
+MAX_ITEMS = 32
 
 # ASCII digits only: int() would accept '٣' or full-width digits, which are not the format we ask for.
-_INTEGER = re.compile(rf"[+-]?[0-9]{{1,{MAX_DIGITS}}}", re.ASCII)
+# No '+': the chapter's regex is -?\d+. Surrounding whitespace is \s, as in the chapter's regex.
+_INTEGER = re.compile(rf"\s*(-?[0-9]{{1,{MAX_DIGITS}}})\s*")
 
 
 def completion_text(completion: Any) -> str:
@@ -58,7 +76,7 @@ def _content_text(content: Any) -> str:
 
 
 def answer_span(text: str) -> str | None:
-    """The text inside the single well-formed ``<ans>...</ans>``, or None if there is not exactly one."""
+    """The text inside the single ``<ans>...</ans>``, or None if there is not exactly one tag pair."""
     if not isinstance(text, str):
         return None
     # Exactly one of each tag with the open first also rules out nesting and repeats.
@@ -71,60 +89,144 @@ def answer_span(text: str) -> str | None:
     return text[start:end]
 
 
+def parse_int(raw: Any) -> int | None:
+    """One integer with surrounding whitespace: optional '-', 1..MAX_DIGITS ASCII digits; else None."""
+    if not isinstance(raw, str):
+        return None
+    match = _INTEGER.fullmatch(raw)
+    return int(match.group(1)) if match else None
+
+
+def parse_int_list(raw: Any) -> tuple[int, ...] | None:
+    """Comma-separated integers, whitespace allowed around each, 1..MAX_ITEMS of them; else None."""
+    if not isinstance(raw, str) or len(raw) > MAX_ITEMS * (MAX_DIGITS + 8):
+        return None  # longer than any list of MAX_ITEMS well-formed items could be
+    items = raw.split(",")
+    if len(items) > MAX_ITEMS:
+        return None
+    values = [parse_int(item) for item in items]
+    if any(v is None for v in values):
+        return None
+    return tuple(values)  # type: ignore[arg-type]
+
+
 def parse_answer(text: str) -> int | None:
-    """The integer inside the single well-formed tag; None for anything else."""
+    """The integer inside the completion's single ``<ans>`` tag; None for anything else."""
     span = answer_span(text)
-    if span is None:
-        return None
-    return _parse_int(span)
+    return None if span is None else parse_int(span)
 
 
-def _parse_int(raw: str) -> int | None:
-    """Surrounding whitespace, one sign, 1..MAX_DIGITS ASCII digits (leading zeros allowed)."""
-    candidate = raw.strip()
-    if _INTEGER.fullmatch(candidate) is None:
-        return None
-    return int(candidate)
+# ------------------------------------------------------------------ targets and columns
 
 
-def _target_value(target: Any) -> int | None:
+def int_value(value: Any) -> int | None:
     """A target given as int (or numpy integer) or as a string of one; None when malformed."""
-    if isinstance(target, bool):  # bool is an int subclass, but True is not a sum.
+    if isinstance(value, bool):  # bool is an int subclass, but True is not an answer.
         return None
-    if isinstance(target, str):
-        return _parse_int(target)
+    if isinstance(value, str):
+        return parse_int(value)
     try:
-        return operator.index(target)
+        return operator.index(value)
     except TypeError:
         return None
 
 
-def _targets_for(target: Any, n: int) -> list[Any]:
-    """One target per completion: a scalar is broadcast and a short list padded, so lengths always match."""
-    if target is None or isinstance(target, (str, bytes, int)):
-        return [target] * n
+def int_list_value(value: Any) -> tuple[int, ...] | None:
+    """A list target: a sequence (list, tuple, numpy array) of ints or a string of them; else None."""
+    if isinstance(value, str):
+        return parse_int_list(value)
+    if isinstance(value, (bytes, dict)) or not isinstance(value, Iterable):
+        return None
     try:
-        values = list(target)  # a list, or a numpy array / tensor row
-    except TypeError:
-        return [target] * n  # a numpy scalar or another lone value
+        items = list(value)
+    except Exception:  # a 0-d numpy array iterates with a TypeError; anything else odd is malformed too
+        return None
+    if not 1 <= len(items) <= MAX_ITEMS:
+        return None
+    values = [None if isinstance(v, str) else int_value(v) for v in items]
+    if any(v is None for v in values):
+        return None
+    return tuple(values)  # type: ignore[arg-type]
+
+
+def per_completion(column: Any, n: int) -> list[Any]:
+    """One value of a dataset column per completion: a lone value is broadcast, a short column padded.
+
+    TRL passes each column as a list with one value per completion. A scalar (an int, a string) is
+    broadcast; a list, tuple or numpy array is taken as one value per completion, cut or padded with
+    None so the lengths always match.
+    """
+    if column is None or isinstance(column, (str, bytes, int, dict)):
+        return [column] * n
+    try:
+        values = list(column)  # a list, or a numpy array / tensor row
+    except Exception:
+        return [column] * n  # a numpy scalar or another lone value
     return values[:n] + [None] * (n - len(values))
 
 
-def correctness_reward(prompts: Any, completions: Sequence[Any], target: Any, **kwargs: Any) -> list[float]:
-    """1.0 when the answer in the completion equals the target, else 0.0."""
-    targets = _targets_for(target, len(completions))
+# ------------------------------------------------------------------ reward helpers the tasks share
+
+
+def format_scores(completions: Sequence[Any], parse: Callable[[str], Any]) -> list[float]:
+    """FORMAT_REWARD for each completion whose text ``parse`` turns into an answer, else 0.0."""
+    return [
+        FORMAT_REWARD if _safe(parse, completion_text(c)) is not None else 0.0 for c in _listed(completions)
+    ]
+
+
+def correctness_scores(
+    completions: Sequence[Any], parse: Callable[[str], Any], judge: Callable[..., bool], *columns: Any
+) -> list[float]:
+    """CORRECT_REWARD where ``judge(answer, *row_values)`` holds for the parsed answer, else 0.0.
+
+    ``columns`` are the dataset columns the judge needs, each spread one value per completion.
+    A judge that raises scores 0.0: a malformed row must not crash a training step either.
+    """
+    completions = _listed(completions)
+    n = len(completions)
+    rows = zip(completions, *(per_completion(c, n) for c in columns), strict=True)
     rewards: list[float] = []
-    for completion, expected in zip(completions, targets, strict=True):
-        answer = parse_answer(completion_text(completion))
-        wanted = _target_value(expected)
-        rewards.append(CORRECT_REWARD if answer is not None and answer == wanted else 0.0)
+    for completion, *values in rows:
+        answer = _safe(parse, completion_text(completion))
+        ok = answer is not None and _safe(judge, answer, *values) is True
+        rewards.append(CORRECT_REWARD if ok else 0.0)
     return rewards
 
 
+def _listed(completions: Any) -> list[Any]:
+    """The completions as a list; a lone string or None is not a batch, so it yields no rewards."""
+    if completions is None or isinstance(completions, (str, bytes, dict)):
+        return []
+    try:
+        return list(completions)
+    except Exception:
+        return []
+
+
+def _safe(func: Callable[..., Any], *args: Any) -> Any:
+    """``func(*args)``, or None if it raises: parsers and judges see model output and malformed rows."""
+    try:
+        return func(*args)
+    except Exception:
+        return None
+
+
+# ------------------------------------------------------------------ the integer-answer rewards (addition)
+
+
+def _same_int(answer: int, expected: Any) -> bool:
+    return answer == int_value(expected)
+
+
+def correctness_reward(prompts: Any, completions: Sequence[Any], target: Any, **kwargs: Any) -> list[float]:
+    """1.0 when the completion's one integer answer equals the target, else 0.0."""
+    return correctness_scores(completions, parse_answer, _same_int, target)
+
+
 def format_reward(prompts: Any, completions: Sequence[Any], **kwargs: Any) -> list[float]:
-    """0.2 when the completion holds exactly one well-formed ``<ans>...</ans>``, else 0.0."""
-    # Only the tag structure counts here; whether its content is a number is correctness_reward's job.
-    return [FORMAT_REWARD if answer_span(completion_text(c)) is not None else 0.0 for c in completions]
+    """0.2 when the completion holds exactly one ``<ans>`` tag holding one integer, else 0.0."""
+    return format_scores(completions, parse_answer)
 
 
 RewardFunc = Callable[..., list[float]]

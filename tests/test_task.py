@@ -45,7 +45,8 @@ def test_unknown_task_lists_known_tasks_in_one_line(name: object) -> None:
         task.get_task(name)  # type: ignore[arg-type]
     message = str(info.value)
     assert "\n" not in message
-    assert "known tasks: addition" in message
+    assert "known tasks: " + ", ".join(sorted(task.TASKS)) in message
+    assert {"addition", "countdown", "sorting"} <= set(task.TASKS)
     assert not message.startswith("'")  # not KeyError's quoted-key rendering
     assert isinstance(info.value, KeyError) and isinstance(info.value, ValueError)
 
@@ -155,86 +156,89 @@ def test_completion_text(completion: object, expected: str) -> None:
 # ---------------------------------------------------------------- parsing and rewards
 
 BIG = "x" * 1_000_000
-# (completion text, parsed answer, format reward)
-CASES: list[tuple[str, int | None, float]] = [
-    ("<ans>579</ans>", 579, 0.2),
-    ("The sum is <ans>579</ans>.", 579, 0.2),
-    ("<ans> 579 </ans>", 579, 0.2),
-    ("<ans>\n579\n</ans>", 579, 0.2),
-    ("<ans>\t579</ans>", 579, 0.2),
-    ("<ans>007</ans>", 7, 0.2),
-    ("<ans>0</ans>", 0, 0.2),
-    ("<ans>000</ans>", 0, 0.2),
-    ("<ans>-5</ans>", -5, 0.2),
-    ("<ans>+5</ans>", 5, 0.2),
-    ("<ans> -05 </ans>", -5, 0.2),
-    ("<ans>" + "9" * MAX_DIGITS + "</ans>", int("9" * MAX_DIGITS), 0.2),
-    # Well-formed tag, content not one integer: format yes, answer no.
-    ("<ans></ans>", None, 0.2),
-    ("<ans>   </ans>", None, 0.2),
-    ("<ans>5 7 9</ans>", None, 0.2),
-    ("<ans>57 9</ans>", None, 0.2),
-    ("<ans>- 5</ans>", None, 0.2),
-    ("<ans>+-5</ans>", None, 0.2),
-    ("<ans>--5</ans>", None, 0.2),
-    ("<ans>5-</ans>", None, 0.2),
-    ("<ans>5+3</ans>", None, 0.2),
-    ("<ans>579.0</ans>", None, 0.2),
-    ("<ans>1,000</ans>", None, 0.2),
-    ("<ans>1_000</ans>", None, 0.2),
-    ("<ans>0x1F</ans>", None, 0.2),
-    ("<ans>1e3</ans>", None, 0.2),
-    ("<ans>five</ans>", None, 0.2),
-    ("<ans>\u0663</ans>", None, 0.2),  # Arabic-Indic three: int() would take it
-    ("<ans>\uff15</ans>", None, 0.2),  # full-width five
-    ("<ans>\u22125</ans>", None, 0.2),  # U+2212 minus sign
-    ("<ans>" + "1" * (MAX_DIGITS + 1) + "</ans>", None, 0.2),
-    ("<ans>" + "7" * 5000 + "</ans>", None, 0.2),  # beyond int()'s 4300-digit limit
-    ("<ans>579</ans>" + BIG, 579, 0.2),
-    (BIG + "<ans>579</ans>", 579, 0.2),
-    ("<ans>579</ans> 🙂 ünïcödé", 579, 0.2),
-    # Not exactly one well-formed tag: neither.
-    ("", None, 0.0),
-    ("579", None, 0.0),
-    (BIG, None, 0.0),
-    ("🙂" * 1000, None, 0.0),
-    ("<ans>579", None, 0.0),
-    ("579</ans>", None, 0.0),
-    ("</ans>579<ans>", None, 0.0),
-    ("<ans>5</ans><ans>5</ans>", None, 0.0),
-    ("<ans>5</ans> then <ans>6</ans>", None, 0.0),
-    ("<ans><ans>5</ans></ans>", None, 0.0),
-    ("<ans><ans>5</ans>", None, 0.0),
-    ("<ans>5</ans></ans>", None, 0.0),
-    ("<ans>5</ans><ans>", None, 0.0),
-    ("<ANS>5</ANS>", None, 0.0),
-    ("<ans >5</ans>", None, 0.0),
-    ("<ans>5</ ans>", None, 0.0),
-    ("<ans>5<ans/>", None, 0.0),
+# (completion text, parsed answer). The format reward pays 0.2 exactly when there is an answer.
+CASES: list[tuple[str, int | None]] = [
+    ("<ans>579</ans>", 579),
+    ("The sum is <ans>579</ans>.", 579),
+    ("<ans> 579 </ans>", 579),
+    ("<ans>\n579\n</ans>", 579),
+    ("<ans>\t579</ans>", 579),
+    ("<ans>007</ans>", 7),
+    ("<ans>0</ans>", 0),
+    ("<ans>000</ans>", 0),
+    ("<ans>-5</ans>", -5),
+    ("<ans> -05 </ans>", -5),
+    ("<ans>" + "9" * MAX_DIGITS + "</ans>", int("9" * MAX_DIGITS)),
+    ("<ans>579</ans>" + BIG, 579),
+    (BIG + "<ans>579</ans>", 579),
+    ("<ans>579</ans> 🙂 ünïcödé", 579),
+    # One tag, but not holding one integer: no answer, so neither reward (the chapter's regex).
+    ("<ans></ans>", None),
+    ("<ans>   </ans>", None),
+    ("<ans>5 79</ans>", None),
+    ("<ans>5 7 9</ans>", None),
+    ("<ans>+5</ans>", None),  # the chapter's regex is -?\d+: no plus sign
+    ("<ans>- 5</ans>", None),
+    ("<ans>+-5</ans>", None),
+    ("<ans>--5</ans>", None),
+    ("<ans>5-</ans>", None),
+    ("<ans>5+3</ans>", None),
+    ("<ans>579.0</ans>", None),
+    ("<ans>1,000</ans>", None),
+    ("<ans>1_000</ans>", None),
+    ("<ans>0x1F</ans>", None),
+    ("<ans>1e3</ans>", None),
+    ("<ans>five</ans>", None),
+    ("<ans>the sum is 579</ans>", None),
+    ("<ans>\u0663</ans>", None),  # Arabic-Indic three: int() would take it
+    ("<ans>\uff15</ans>", None),  # full-width five
+    ("<ans>\u22125</ans>", None),  # U+2212 minus sign
+    ("<ans>" + "1" * (MAX_DIGITS + 1) + "</ans>", None),
+    ("<ans>" + "7" * 5000 + "</ans>", None),  # beyond int()'s 4300-digit limit
+    # Not exactly one tag pair: neither.
+    ("", None),
+    ("579", None),
+    (BIG, None),
+    ("🙂" * 1000, None),
+    ("<ans>579", None),
+    ("579</ans>", None),
+    ("</ans>579<ans>", None),
+    ("<ans>5</ans><ans>5</ans>", None),
+    ("<ans>5</ans><ans>x</ans>", None),  # the regex matches once, but there are two tags
+    ("<ans>5</ans> then <ans>6</ans>", None),
+    ("<ans><ans>5</ans></ans>", None),
+    ("<ans><ans>5</ans>", None),
+    ("<ans>5</ans></ans>", None),
+    ("<ans>5</ans><ans>", None),
+    ("<ANS>5</ANS>", None),
+    ("<ans >5</ans>", None),
+    ("<ans>5</ ans>", None),
+    ("<ans>5<ans/>", None),
 ]
 
 
-def _ids(case: tuple[str, int | None, float]) -> str:
+def _ids(case: tuple[str, int | None]) -> str:
     text = case[0]
     return ascii(text if len(text) <= 40 else text[:20] + f"...({len(text)} chars)")
 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)
-def test_parse_answer(case: tuple[str, int | None, float]) -> None:
-    text, answer, _ = case
+def test_parse_answer(case: tuple[str, int | None]) -> None:
+    text, answer = case
     assert parse_answer(text) == answer
 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)
-def test_format_reward(case: tuple[str, int | None, float]) -> None:
-    text, _, fmt = case
+def test_format_reward(case: tuple[str, int | None]) -> None:
+    text, answer = case
+    fmt = 0.2 if answer is not None else 0.0
     assert format_reward([None], [text]) == [fmt]
     assert format_reward([None], [[{"role": "assistant", "content": text}]]) == [fmt]
 
 
 @pytest.mark.parametrize("case", CASES, ids=_ids)
-def test_correctness_reward(case: tuple[str, int | None, float]) -> None:
-    text, answer, _ = case
+def test_correctness_reward(case: tuple[str, int | None]) -> None:
+    text, answer = case
     conversational = [{"role": "assistant", "content": text}]
     if answer is None:
         for target in (0, 579, -5, 5):
@@ -246,12 +250,21 @@ def test_correctness_reward(case: tuple[str, int | None, float]) -> None:
             assert correctness_reward([None], [completion], target=[answer + 1]) == [0.0]
 
 
-@pytest.mark.parametrize("target", [579, "579", " 579 ", "+579", "0579"])
+def test_the_issues_completions_pay_nothing() -> None:
+    # Before: format_reward paid 0.2 for these, where the chapter's definition pays nothing.
+    texts = ["<ans></ans>", "<ans>5 79</ans>", "<ans>5</ans><ans>5</ans>"]
+    assert format_reward([None] * 3, texts) == [0.0, 0.0, 0.0]
+    assert correctness_reward([None] * 3, texts, target=[5, 579, 5]) == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("target", [579, "579", " 579 ", "0579"])
 def test_target_as_int_or_str(target: object) -> None:
     assert correctness_reward([None], ["<ans>579</ans>"], target=[target]) == [1.0]
 
 
-@pytest.mark.parametrize("target", [None, "", "abc", "57 9", 579.0, 579.5, True, [579], {"v": 579}, object()])
+@pytest.mark.parametrize(
+    "target", [None, "", "abc", "57 9", "+579", 579.0, 579.5, True, [579], {"v": 579}, object()]
+)
 def test_malformed_target_scores_zero(target: object) -> None:
     assert correctness_reward([None], ["<ans>579</ans>"], target=[target]) == [0.0]
 
@@ -340,9 +353,10 @@ PIECES = [
     "\u3000",
     "",
 ]
-# The spec as a regex: no tag outside, one tag, whitespace, optional sign, 1..MAX_DIGITS ASCII digits.
+# The chapter's regex <ans>\s*(-?\d+)\s*</ans> as a spec: no tag outside the one match, ASCII digits,
+# at most MAX_DIGITS of them.
 _OUTSIDE = r"(?:(?!<ans>|</ans>).)*"
-_REFERENCE = re.compile(rf"{_OUTSIDE}<ans>\s*([+-]?[0-9]{{1,{MAX_DIGITS}}})\s*</ans>{_OUTSIDE}", re.DOTALL)
+_REFERENCE = re.compile(rf"{_OUTSIDE}<ans>\s*(-?[0-9]{{1,{MAX_DIGITS}}})\s*</ans>{_OUTSIDE}", re.DOTALL)
 _REFERENCE_TAG = re.compile(rf"{_OUTSIDE}<ans>{_OUTSIDE}</ans>{_OUTSIDE}", re.DOTALL)
 
 
@@ -373,15 +387,16 @@ def test_fuzz_against_reference_regex() -> None:
         expected = int(match.group(1)) if match else None
         tagged = _REFERENCE_TAG.fullmatch(text) is not None
         assert parse_answer(text) == expected, ascii(text)
-        assert format_reward([None], [text]) == [0.2 if tagged else 0.0], ascii(text)
+        assert format_reward([None], [text]) == [0.2 if expected is not None else 0.0], ascii(text)
         target = expected if expected is not None else rng.randint(-5, 5)
         want = 1.0 if expected is not None else 0.0
-        assert correctness_reward([None], [[{"role": "assistant", "content": text}]], target=[target]) == [
-            want
-        ]
+        chat = [[{"role": "assistant", "content": text}]]
+        assert correctness_reward([None], chat, target=[target]) == [want]
+        assert correctness_reward([None], chat, target=[target]) == [want]  # deterministic
         seen["answer" if expected is not None else "tag_only" if tagged else "none"] += 1
-    # The fuzz is only worth something if it reaches every outcome often.
-    assert min(seen.values()) > 500, seen
+    # The fuzz is only worth something if it reaches every outcome often, the well-formed tag
+    # around a non-integer (the issue's case) included.
+    assert min(seen.values()) > 300, seen
 
 
 # ---------------------------------------------------------------- TRL's calling convention
@@ -422,6 +437,9 @@ def test_import_task_stays_light() -> None:
     import subprocess
     import sys
 
-    code = "import sys, task; task.get_task('addition'); print('datasets' in sys.modules, 'torch' in sys.modules)"
+    code = (
+        "import sys, task; [task.get_task(n) for n in ('addition', 'countdown', 'sorting')];"
+        "print('datasets' in sys.modules, 'torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.split() == ["False", "False"]

@@ -1,42 +1,57 @@
-"""The task's rewards run through TRL 1.15's own reward code, not a copy of its calling convention.
+"""Every task's rewards run through TRL 1.15's own reward code, not a copy of its calling convention.
 
 Importing GRPOTrainer costs ~30 s on 2 cores (torch, transformers), so these checks live apart from
-the fast unit tests in test_task.py.
+the fast unit tests in test_task.py and test_task_tasks.py.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from task import ADDITION
+import task
 
 torch = pytest.importorskip("torch")
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
 trl_utils = pytest.importorskip("trl.trainer.utils")
 
+TASKS = list(task.TASKS.values())
+IDS = [t.name for t in TASKS]
 
-def test_trl_logs_rewards_under_their_function_names() -> None:
-    # GRPOTrainer names each callable with get_callable_name; the metric is rewards/<name>/mean.
-    names = [trl_utils.get_callable_name(f) for f in ADDITION.reward_funcs]
+# A well-formed answer that is wrong for its row, per task.
+WRONG: dict[str, Callable[[dict[str, Any]], str]] = {
+    "addition": lambda row: str(row["target"] + 1),
+    "countdown": lambda row: row["solution"] + " + 0",  # 0 is not one of the given numbers
+    "sorting": lambda row: ", ".join(map(str, row["target"])) + ", 100",  # one number too many
+}
+
+
+@pytest.mark.parametrize("t", TASKS, ids=IDS)
+def test_trl_logs_rewards_under_their_function_names(t: task.Task) -> None:
+    # GRPOTrainer names each callable with get_callable_name; the metric is rewards/<name>/mean,
+    # and the lab's MLflow metrics and docs use these two names for every task.
+    names = [trl_utils.get_callable_name(f) for f in t.reward_funcs]
     assert names == ["correctness_reward", "format_reward"]
 
 
-def test_calculate_rewards_calls_our_functions() -> None:
+@pytest.mark.parametrize("t", TASKS, ids=IDS)
+def test_calculate_rewards_calls_our_functions(t: task.Task) -> None:
     from transformers import TrainerState
 
-    ds = ADDITION.build_dataset(3, seed=0)
+    ds = t.build_dataset(3, seed=0)
     group = 2
     inputs = [dict(row) for row in ds for _ in range(group)]  # TRL repeats each row per generation
     prompts = [row["prompt"] for row in inputs]
     contents = [
-        f"<ans>{inputs[0]['target']}</ans>",
+        f"<ans>{t.reference_answer(inputs[0])}</ans>",
         "no tag",
-        f"<ans> {inputs[2]['target'] + 1} </ans>",
+        f"<ans> {WRONG[t.name](inputs[2])} </ans>",
         None,
-        "<ans>5</ans><ans>5</ans>",
-        f"<ans>{inputs[5]['target']}</ans>",
+        f"<ans>{t.reference_answer(inputs[4])}</ans><ans>{t.reference_answer(inputs[4])}</ans>",
+        f"Done: <ans>{t.reference_answer(inputs[5])}</ans>",
     ]
     completions = [[{"role": "assistant", "content": c}] for c in contents]
     # Only the attributes _calculate_rewards and profiling_context read: no model is needed.
@@ -44,9 +59,9 @@ def test_calculate_rewards_calls_our_functions() -> None:
         accelerator=SimpleNamespace(device=torch.device("cpu"), is_main_process=True),
         state=TrainerState(),
         args=SimpleNamespace(report_to=[]),
-        reward_funcs=list(ADDITION.reward_funcs),
-        reward_processing_classes=[None] * len(ADDITION.reward_funcs),
-        reward_func_names=[trl_utils.get_callable_name(f) for f in ADDITION.reward_funcs],
+        reward_funcs=list(t.reward_funcs),
+        reward_processing_classes=[None] * len(t.reward_funcs),
+        reward_func_names=[trl_utils.get_callable_name(f) for f in t.reward_funcs],
         _log_completion_extra=lambda *args, **kwargs: None,
         _log_metric=lambda *args, **kwargs: None,
         environments=None,
