@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -34,7 +36,9 @@ spec = importlib.util.spec_from_file_location("grpo_first", LAB_DIR / "train.py"
 lab = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(lab)
 
-profile = lab.choose_profile("auto")
+from grpolab.device import detect
+
+profile = "gpu" if detect().on_gpu else "cpu"
 if profile == "cpu":
     print("No CUDA GPU found: this notebook runs the lab's CPU profile, a tiny random Qwen3 on the CPU.")
     print("The loop, rewards, budget and tracking are the real ones; the numbers are not Qwen3-4B's.")
@@ -44,14 +48,15 @@ else:
 # %% [markdown]
 # ## 1. The settings
 #
-# Everything the lab trains with lives in `labs/grpo-first/lab.toml`, one table per profile. A short
-# run here: fewer steps than the script's default, everything else as in the lab.
+# Everything the lab trains with lives in `labs/grpo-first/lab.toml`: shared values at the top, a
+# table per profile below. The names are TRL's and Unsloth's, and each is a flag of the lab
+# (`--num-generations 4`). A short run here: fewer steps than the script's default.
 
 # %%
-from grpolab.settings import check, load_lab
+from grpolab.settings import check, lab_settings
 
 STEPS = 30 if profile == "cpu" else 20
-settings = load_lab(LAB_DIR, profile, max_steps=STEPS)
+settings = lab_settings(LAB_DIR, profile, {"max_steps": STEPS})
 check(settings)
 {
     k: v
@@ -64,49 +69,107 @@ check(settings)
         "learning_rate",
         "beta",
         "loss_type",
+        "scale_rewards",
         "max_steps",
     )
 }
 
 # %% [markdown]
-# ## 2. The budget, before anything loads
+# ## 2. GRPO in one cell
+#
+# For one prompt the policy samples a group of completions, each scored by the rewards. The
+# advantage of completion *i* is how much better it did than its group:
+#
+# $$A_i = r_i - \operatorname{mean}(r_1, \dots, r_G) \qquad \text{(GRPO divides by } \operatorname{std}(r_1, \dots, r_G)\text{ too)}$$
+#
+# Every token of completion *i* gets the same advantage. The loss pushes up the log-probability of
+# completions with a positive advantage and down those with a negative one. Type your own rewards
+# below: a group where everyone scores the same has no advantage at all, so nothing is learned.
+
+# %%
+import numpy as np
+
+
+def advantages(rewards, scale_by_std):
+    r = np.asarray(rewards, dtype=float)
+    a = r - r.mean()  # the group-relative baseline
+    return a / (r.std(ddof=1) + 1e-4) if scale_by_std else a  # TRL's std is unbiased (ddof 1)
+
+
+for rewards in ([1.2, 0.2, 0.2, 0.0], [0.2, 0.2, 0.2, 0.2], [1.2, 0.0, 0.0, 0.0]):
+    print(
+        f"rewards {rewards}: GRPO (std-scaled) {np.round(advantages(rewards, True), 2)}, "
+        f"Dr. GRPO (not scaled) {np.round(advantages(rewards, False), 2)}"
+    )
+
+# %% [markdown]
+# Dividing by the std (GRPO, `scale_rewards="group"`) makes a group with one lucky success weigh as
+# much as a group with a clear winner; Dr. GRPO (`scale_rewards="none"`) keeps the raw difference.
+# Dr. GRPO also changes how token losses are summed: GRPO averages each completion over its own
+# length, so a long wrong answer is punished less per token than a short one; `loss_type="dr_grpo"`
+# divides every completion by the same constant (`max_completion_length`), which removes that bias.
+
+# %%
+completion_lengths = np.array([12, 30, 30, 300])  # tokens
+a = advantages([1.2, 0.2, 0.2, 0.0], scale_by_std=False)
+per_token_grpo = a / completion_lengths  # each completion averaged over its own length
+per_token_dr = a / settings.max_completion_length  # one constant for all
+print("weight per token, GRPO:   ", np.round(per_token_grpo, 4))
+print("weight per token, Dr.GRPO:", np.round(per_token_dr, 4))
+
+# %% [markdown]
+# ## 3. The budget, before anything loads
 #
 # Each line of what one GRPO step holds, with its formula: exact arithmetic where the libraries'
 # allocations can be computed (weights, LoRA, optimizer states), estimates where only a
 # measurement settles it (activations, vLLM's profiling pass). The total is the peak over the phases
-# of a step (start, generate, train).
+# of a step (start, generate, train). The budget needs no GPU, so this is the real lab's sheet,
+# Qwen3-4B on a 16 GB card, on every machine.
 
 # %%
 import pandas as pd
 
-sheet = lab.budget_sheet(settings)
+from budgets import compute
+
 GIB = 1024**3
-budget_table = pd.DataFrame(
-    [
-        {
-            "line": line.name,
-            "GiB": line.bytes / GIB,
-            "kind": "estimate" if line.estimate else "exact",
-            "formula": line.formula,
-        }
-        for line in sheet.lines
-    ]
-)
-print(sheet.verdict())
-budget_table.style.format({"GiB": "{:.4f}"})
+real = compute(lab_settings(LAB_DIR, "gpu").plan())
+
+
+def sheet_table(sheet):
+    return pd.DataFrame(
+        [
+            {
+                "line": ln.name,
+                "GiB": ln.bytes / GIB,
+                "kind": "estimate" if ln.estimate else "exact",
+                "formula": ln.formula,
+            }
+            for ln in sheet.lines
+        ]
+    )
+
+
+print(real.title)
+print(real.verdict())
+sheet_table(real).style.format({"GiB": "{:.2f}"})
 
 # %%
 import matplotlib.pyplot as plt
 
-ax = budget_table.plot.barh(x="line", y="GiB", legend=False, figsize=(8, 4), log=profile == "cpu")
-ax.set_xlabel("GiB" + (" (log scale: the tiny model's lines are kilobytes)" if profile == "cpu" else ""))
-ax.set_title(
-    f"Budget of one GRPO step: peak {sheet.total_bytes / GIB:.2f} GiB of {sheet.capacity_bytes / GIB:.2f}"
+sheet = compute(settings.plan())  # the sheet of the profile this notebook runs
+fig, axes = plt.subplots(
+    1, 2 if profile == "cpu" else 1, figsize=(13 if profile == "cpu" else 8, 4), squeeze=False
 )
+for ax, (name, shown) in zip(
+    axes[0], [("Qwen3-4B on a 16 GB card", real), ("the CPU stand-in", sheet)], strict=False
+):
+    sheet_table(shown).plot.barh(x="line", y="GiB", legend=False, ax=ax, log=shown is not real)
+    ax.set_xlabel("GiB" + (" (log scale: the tiny model's lines are kilobytes)" if shown is not real else ""))
+    ax.set_title(f"{name}: peak {shown.total_bytes / GIB:.2f} of {shown.capacity_bytes / GIB:.2f} GiB")
 plt.tight_layout()
 
 # %% [markdown]
-# ## 3. The task and its rewards
+# ## 4. The task and its rewards
 #
 # Addition of two integers in 0..999, answered as one integer inside `<ans></ans>`. Two rewards with
 # TRL's signature: correctness (1.0 when the answer is the sum) and format (0.2 for exactly one
@@ -142,7 +205,7 @@ pd.DataFrame(
 )
 
 # %% [markdown]
-# ## 4. Loading the policy
+# ## 5. Loading the policy
 #
 # Unsloth loads the base model in 4-bit (bitsandbytes `Linear4bit` layers) and attaches LoRA adapters.
 # On the CPU profile we load it here to look inside; on a GPU the lab's run below loads it (a second
@@ -151,7 +214,7 @@ pd.DataFrame(
 # %%
 if profile == "cpu":
     from grpolab import policy
-    from grpolab.probe import model_bytes_by_kind
+    from grpolab.tensors import model_bytes_by_kind
 
     model, tokenizer = policy.load_policy(settings)
     layer = model.base_model.model.model.layers[0].self_attn.q_proj
@@ -167,7 +230,7 @@ else:
     print("On the GPU the policy is loaded by the run below.")
 
 # %% [markdown]
-# ## 5. A short GRPO run
+# ## 6. A short GRPO run
 #
 # The lab's own `main`, with the same settings plus a shorter run. It prints the budget sheet again,
 # trains, measures, saves the adapter and logs everything to MLflow.
@@ -190,7 +253,7 @@ run = mlflow.search_runs(
 print("run", run.info.run_id, run.info.status)
 
 # %% [markdown]
-# ## 6. Reading the run back from MLflow
+# ## 7. Reading the run back from MLflow
 #
 # The reward curves TRL logged per step, then the memory: the peak, and every budget line beside
 # what the run measured for it.
@@ -224,9 +287,9 @@ comparison = pd.DataFrame(
     [
         {
             "line": line.name,
-            "budget": metrics[f"budget/{line.name}"],
-            "measured": metrics.get(f"measured/{line.name}"),
-            "rel. error": metrics.get(f"rel_error/{line.name}"),
+            "budget": metrics[f"{line.name}/budget"],
+            "measured": metrics.get(f"{line.name}/measured"),
+            "rel. error": metrics.get(f"{line.name}/rel_error"),
         }
         for line in sheet.lines
     ]
@@ -244,7 +307,7 @@ ax.set_title("Budget vs measured, per line")
 plt.tight_layout()
 
 # %% [markdown]
-# ## 7. The same run in the MLflow UI
+# ## 8. The same run in the MLflow UI
 #
 # From the repository root:
 #
@@ -252,9 +315,9 @@ plt.tight_layout()
 # uv run mlflow ui --backend-store-uri sqlite:///mlflow.db
 # ```
 #
-# then open http://127.0.0.1:5000, experiment `grpo-first`, and the run printed above: the reward
-# curves under *Model metrics*, `budget/*` and `measured/*` side by side under *Overview*, and the
-# chart and table under *Artifacts → memory*.
+# then open the run link the lab printed above: the reward curves and one section per budget line
+# (`kv_cache/budget` beside `kv_cache/measured`) under *Model metrics*, and the chart and table
+# under *Artifacts → memory*.
 
 # %%
 print(f"experiment {settings.chapter}, run {run.info.run_id}, store {tracking.tracking_uri()}")

@@ -1,17 +1,33 @@
-"""Shared test helpers: the repository root, the lab module, CPU-only skips."""
+"""Shared test helpers: the repository root, the chapters, CPU-only skips, one shared lab run."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
+import time
+import tomllib
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LAB_DIR = REPO_ROOT / "labs" / "grpo-first"
+
+
+def trainer_labs() -> list[Path]:
+    """The chapters that train with GRPOTrainer in this environment: every labs/*/lab.toml without
+    an environment of its own (the verl chapter has its own uv project and tests)."""
+    labs = []
+    for toml in sorted((REPO_ROOT / "labs").glob("*/lab.toml")):
+        if "environment" not in tomllib.loads(toml.read_text()):
+            labs.append(toml.parent)
+    return labs
+
+
+TRAINER_LABS = trainer_labs()
 
 
 def _cuda() -> bool:
@@ -31,17 +47,25 @@ def gpu_only(reason: str):
     return pytest.mark.skipif(not HAS_CUDA, reason=f"needs a CUDA GPU: {reason}")
 
 
-@pytest.fixture(scope="session")
-def lab_module():
-    """labs/grpo-first/train.py imported as a module (its folder name has a hyphen)."""
-    spec = importlib.util.spec_from_file_location("grpo_first_train", LAB_DIR / "train.py")
+def load_lab_module(lab_dir: Path):
+    """labs/<chapter>/train.py imported as a module (chapter folders have hyphens)."""
+    spec = importlib.util.spec_from_file_location(
+        f"{lab_dir.name.replace('-', '_')}_train", lab_dir / "train.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def run_lab(args: list[str], tmp_path: Path, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
-    """Run the lab as a user would, with its own MLflow store and outputs under tmp_path."""
+@pytest.fixture(scope="session")
+def lab_module():
+    return load_lab_module(LAB_DIR)
+
+
+def run_lab(
+    args: list[str], tmp_path: Path, timeout: float = 600, lab_dir: Path = LAB_DIR, **env: str
+) -> subprocess.CompletedProcess:
+    """Run a lab as a user would, with its own MLflow store and outputs under tmp_path."""
     environment = {
         **os.environ,
         "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
@@ -49,7 +73,7 @@ def run_lab(args: list[str], tmp_path: Path, timeout: float = 600, **env: str) -
         **env,
     }
     return subprocess.run(
-        [sys.executable, str(LAB_DIR / "train.py"), "--output-dir", str(tmp_path / "outputs"), *args],
+        [sys.executable, str(lab_dir / "train.py"), "--output-dir", str(tmp_path / "outputs"), *args],
         cwd=REPO_ROOT,
         env=environment,
         capture_output=True,
@@ -64,9 +88,6 @@ README_LAB_COMMAND = ["uv", "run", "python", "labs/grpo-first/train.py"]
 @pytest.fixture(scope="session")
 def cpu_lab_run(tmp_path_factory):
     """The README's lab command, run once on CPU into its own MLflow store, then read back."""
-    import shutil
-    import time
-
     import mlflow
 
     store = tmp_path_factory.mktemp("store")

@@ -18,11 +18,14 @@ def assert_refused_cleanly(result, tmp_path, words: str) -> None:
 @pytest.mark.parametrize(
     ("args", "words"),
     [
-        (["--max-steps", "0"], "max_steps must be positive"),
-        (["--max-steps", "-5"], "max_steps must be positive"),
-        (["--num-generations", "1"], "2 or more"),
+        (["--max-steps", "0"], "max_steps: must be positive"),
+        (["--max-steps", "-5"], "max_steps: must be positive"),
+        (["--num-generations", "1"], "--num-generations 2 or more"),
         (["--max-completion-length", "4096"], "leaves no room for the prompt"),
         (["--model", "/nowhere/model"], "no model at '/nowhere/model'"),
+        (["--task", "chess"], "unknown task 'chess'"),
+        (["--num-generations", "many"], "invalid int value"),
+        (["--fast-inference", "perhaps"], "expected true or false"),
     ],
 )
 def test_refused_before_any_model_loads(args, words, tmp_path):

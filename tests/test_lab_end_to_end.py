@@ -22,7 +22,7 @@ import mlflow
 import pytest
 from conftest import HAS_CUDA, LAB_DIR, REPO_ROOT, run_lab
 
-from grpolab.settings import load_lab
+from grpolab.settings import lab_settings
 
 pytestmark = [
     pytest.mark.slow,
@@ -56,15 +56,43 @@ def test_run_finished_and_is_tagged_with_its_profile(cpu_lab_run):
 
 def test_every_config_value_is_a_param(cpu_lab_run):
     params = cpu_lab_run["run"].data.params
-    expected = load_lab(LAB_DIR, "cpu").as_params()
+    expected = lab_settings(LAB_DIR, "cpu").as_params()
     for key, value in expected.items():
-        if key == "lab_dir":
-            continue
         assert params[key] == value, key
 
 
+def test_the_trainers_effective_arguments_are_logged(cpu_lab_run):
+    """What really trains, after the trainer's own defaults: the recipe lab.toml sets explicitly."""
+    client, run = cpu_lab_run["client"], cpu_lab_run["run"]
+    effective = json.loads(
+        Path(client.download_artifacts(run.info.run_id, "trainer/effective_args.json")).read_text()
+    )
+    s = lab_settings(LAB_DIR, "cpu")
+    for name in (
+        "learning_rate",
+        "warmup_steps",
+        "weight_decay",
+        "max_grad_norm",
+        "beta",
+        "epsilon",
+        "loss_type",
+    ):
+        assert effective[name] == getattr(s, name), name
+        assert run.data.params[f"trainer.{name}"] == str(getattr(s, name)), name
+    assert effective["scale_rewards"] == s.scale_rewards and effective["num_generations"] == s.num_generations
+
+
+def test_decoding_speed_is_logged_against_the_roofline(cpu_lab_run):
+    steps = lab_settings(LAB_DIR, "cpu").max_steps
+    speed = history(cpu_lab_run, "perf/decode_tokens_per_s")
+    ratio = history(cpu_lab_run, "perf/decode_roofline_ratio")
+    assert len(speed) == len(ratio) == steps
+    assert all(s > 0 for s in speed) and all(r > 0 for r in ratio)
+    assert len(history(cpu_lab_run, "perf/generation_vs_estimate")) == steps
+
+
 def test_per_step_rewards_and_the_learning_signal(cpu_lab_run):
-    steps = load_lab(LAB_DIR, "cpu").max_steps
+    steps = lab_settings(LAB_DIR, "cpu").max_steps
     fmt = history(cpu_lab_run, "rewards/format_reward/mean")
     assert len(fmt) == steps
     assert len(history(cpu_lab_run, "rewards/correctness_reward/mean")) == steps
@@ -77,7 +105,7 @@ def test_per_step_rewards_and_the_learning_signal(cpu_lab_run):
 def test_memory_is_measured_and_paired_with_the_budget(cpu_lab_run):
     metrics = cpu_lab_run["run"].data.metrics
     assert metrics["memory/process_peak_gib"] > 0.1  # a Python process with torch imported
-    steps = load_lab(LAB_DIR, "cpu").max_steps
+    steps = lab_settings(LAB_DIR, "cpu").max_steps
     assert len(history(cpu_lab_run, "memory/step_peak_gib")) == steps
     # Each step's generation and training pass are phases of their own.
     assert len(history(cpu_lab_run, "memory/generate_peak_gib")) == steps
@@ -86,16 +114,16 @@ def test_memory_is_measured_and_paired_with_the_budget(cpu_lab_run):
     # MLflow's own system metrics run beside the probe.
     assert any(key.startswith("system/") for key in metrics)
     for line in ("base_weights", "lora_params", "lora_grads", "optimizer_states", "reference_policy"):
-        assert f"budget/{line}" in metrics and f"measured/{line}" in metrics, line
-        assert f"diff/{line}" in metrics
+        assert f"{line}/budget" in metrics and f"{line}/measured" in metrics, line
+        assert f"{line}/diff" in metrics
     # The exact lines agree with the tensors the run really held.
     for line in ("lora_params", "lora_grads", "optimizer_states", "reference_policy"):
-        assert abs(metrics[f"rel_error/{line}"]) < 0.01, (line, metrics[f"rel_error/{line}"])
-    assert abs(metrics["rel_error/base_weights"]) < 0.05
-    assert "measured/total" in metrics and "rel_error/total" in metrics
+        assert abs(metrics[f"{line}/rel_error"]) < 0.01, (line, metrics[f"{line}/rel_error"])
+    assert abs(metrics["base_weights/rel_error"]) < 0.05
+    assert "total/measured" in metrics and "total/rel_error" in metrics
     # The CPU sheet's own lines: the runtime after the imports and what the loop grows by.
     for line in ("host_runtime", "host_shape_caches"):
-        assert f"measured/{line}" in metrics and f"diff/{line}" in metrics, line
+        assert f"{line}/measured" in metrics and f"{line}/diff" in metrics, line
     # What no line explains: the total's miss less the misses of the lines held at the sheet's peak.
     sheet = json.loads(
         (
@@ -106,12 +134,12 @@ def test_memory_is_measured_and_paired_with_the_budget(cpu_lab_run):
     )
     peak_phase = max(sheet["phases"], key=sheet["phases"].get)
     held = [
-        ln["name"] for ln in sheet["lines"] if peak_phase in ln["phases"] and f"diff/{ln['name']}" in metrics
+        ln["name"] for ln in sheet["lines"] if peak_phase in ln["phases"] and f"{ln['name']}/diff" in metrics
     ]
     expected = (
-        metrics["measured/total"] - metrics["budget/total_compared"] - sum(metrics[f"diff/{n}"] for n in held)
+        metrics["total/measured"] - metrics["total/budget_compared"] - sum(metrics[f"{n}/diff"] for n in held)
     )
-    assert metrics["diff/unattributed"] == pytest.approx(expected, abs=1e-6)
+    assert metrics["total/unattributed"] == pytest.approx(expected, abs=1e-6)
     labels = json.loads(cpu_lab_run["run"].data.tags["memory_labels"])
     assert "resident set" in labels["memory/process_peak_gib"]
 
@@ -127,10 +155,10 @@ def test_the_budget_logged_is_the_one_the_cli_prints(cpu_lab_run):
     sheet = json.loads(cli.stdout)
     metrics = cpu_lab_run["run"].data.metrics
     for line in sheet["lines"]:
-        assert metrics[f"budget/{line['name']}"] == pytest.approx(line["bytes"] / 1024**3, rel=1e-9), line[
+        assert metrics[f"{line['name']}/budget"] == pytest.approx(line["bytes"] / 1024**3, rel=1e-9), line[
             "name"
         ]
-    assert metrics["budget/total"] == pytest.approx(sheet["total_bytes"] / 1024**3)
+    assert metrics["total/budget"] == pytest.approx(sheet["total_bytes"] / 1024**3)
 
 
 def test_artifacts_adapter_chart_table_and_sheet(cpu_lab_run):
@@ -184,7 +212,7 @@ def test_ctrl_c_ends_the_run_killed_and_keeps_the_adapter(tmp_path):
     mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
     (run,) = mlflow.search_runs(experiment_names=["grpo-first"], output_format="list")
     assert run.info.status == "KILLED"
-    assert "measured/lora_params" in run.data.metrics
+    assert "lora_params/measured" in run.data.metrics
     assert "run ended KILLED" in run.data.tags["mlflow.note.content"]
     assert list((tmp_path / "out").glob("grpo-first/*/adapter/adapter_model.safetensors"))
 

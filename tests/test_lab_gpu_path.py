@@ -1,57 +1,81 @@
 """The GPU path, checked on a CPU against the installed libraries' real signatures.
 
-Nothing here needs a GPU except the tests marked gpu_only; the configuration objects
-the 16 GB card would run with are built for real.
+Nothing here needs a GPU except the tests marked gpu_only; the configuration objects the 16 GB card
+would run with are built for real, for every chapter that trains in this environment.
 """
 
 from __future__ import annotations
 
+import ast
 import inspect
 from pathlib import Path
 
 import pytest
-from conftest import LAB_DIR, REPO_ROOT, gpu_only
+from conftest import LAB_DIR, REPO_ROOT, TRAINER_LABS, gpu_only, load_lab_module
 
-from grpolab.settings import load_lab
+from grpolab.settings import lab_settings
+
+# GRPOConfig fields the lab sets from a setting of the same name.
+SAME_NAME = (
+    "num_generations",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "max_completion_length",
+    "temperature",
+    "top_p",
+    "loss_type",
+    "scale_rewards",
+    "epsilon",
+    "beta",
+    "num_iterations",
+    "optim",
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "weight_decay",
+    "max_grad_norm",
+    "max_steps",
+    "seed",
+    "logging_steps",
+    "save_steps",
+    "vllm_importance_sampling_correction",
+)
 
 
-@pytest.fixture
-def gpu_settings():
-    return load_lab(LAB_DIR, "gpu")
-
-
-def test_the_exact_grpo_config_of_the_real_run(lab_module, gpu_settings, tmp_path, monkeypatch):
+@pytest.mark.parametrize("lab", TRAINER_LABS, ids=lambda p: p.name)
+def test_the_grpo_config_of_the_real_run_carries_every_setting(lab, tmp_path, monkeypatch):
     import transformers.training_args as training_args
 
     # Stand-in for the absent hardware only: TrainingArguments asks whether a GPU does bf16.
     monkeypatch.setattr(training_args, "is_torch_bf16_gpu_available", lambda: True)
-    config = lab_module.grpo_config(gpu_settings, tmp_path, on_gpu=True, bf16=True)
-
-    assert type(config).__name__.endswith("GRPOConfig")
-    assert (
-        config.num_generations,
-        config.per_device_train_batch_size,
-        config.gradient_accumulation_steps,
-    ) == (
-        8,
-        8,
-        1,
-    )
-    assert config.generation_batch_size == 8  # one group per optimizer step
-    assert config.max_completion_length == 768
-    assert (config.learning_rate, config.beta, config.epsilon, config.num_iterations) == (5e-6, 0.02, 0.2, 1)
-    assert (config.loss_type, config.temperature, config.top_p) == ("dr_grpo", 1.0, 1.0)
-    assert (config.max_steps, config.logging_steps, config.save_steps, config.seed) == (100, 1, 50, 0)
+    s = lab_settings(lab, "gpu")
+    config = load_lab_module(lab).grpo_config(s, tmp_path, {"bf16": True, "fp16": False, "use_cpu": False})
+    for name in SAME_NAME:
+        value = getattr(config, name)
+        value = value.value if hasattr(value, "value") else value  # enums (optim, schedulers)
+        assert value == getattr(s, name), name
     assert config.use_vllm and config.vllm_mode == "colocate"
-    assert config.vllm_gpu_memory_utilization == gpu_settings.gpu_memory_utilization
-    assert config.vllm_max_model_length == 1024
+    assert config.vllm_gpu_memory_utilization == s.gpu_memory_utilization
+    assert config.vllm_max_model_length == s.max_seq_length
+    assert config.generation_batch_size == s.generation_batch_size
     assert config.bf16 and not config.fp16 and not config.use_cpu
-    assert config.optim == "adamw_8bit"
-    assert config.report_to == [] or config.report_to == "none" or config.report_to == ["none"]
     assert not hasattr(config, "max_prompt_length"), "TRL 1.x bounds prompts by filtering, not by this field"
 
 
-def test_a_t4_gets_fp16_instead_of_bf16(lab_module, gpu_settings, tmp_path, monkeypatch):
+def test_precision_follows_the_dtype_the_model_was_loaded_in():
+    """A T4 (sm_75): torch.cuda.is_bf16_supported() says True, Unsloth loads float16; the trainer
+    must ask for fp16, or Unsloth's trainer refuses ("Model is in float16 precision ...")."""
+    import torch
+
+    from grpolab.device import trainer_precision as precision
+
+    model = torch.nn.Linear(2, 2)
+    assert precision(model.to(torch.float16), on_gpu=True) == {"bf16": False, "fp16": True, "use_cpu": False}
+    assert precision(model.to(torch.bfloat16), on_gpu=True) == {"bf16": True, "fp16": False, "use_cpu": False}
+    assert precision(model.to(torch.float32), on_gpu=False) == {"bf16": False, "fp16": False, "use_cpu": True}
+
+
+def test_a_t4_gets_fp16_instead_of_bf16(lab_module, tmp_path, monkeypatch):
     import transformers.training_args as training_args
 
     monkeypatch.setattr(training_args, "is_torch_bf16_gpu_available", lambda: False)
@@ -59,7 +83,9 @@ def test_a_t4_gets_fp16_instead_of_bf16(lab_module, gpu_settings, tmp_path, monk
         training_args, "is_torch_fp16_available_on_device", lambda device: True, raising=False
     )
     try:
-        config = lab_module.grpo_config(gpu_settings, tmp_path, on_gpu=True, bf16=False)
+        config = lab_module.grpo_config(
+            lab_settings(LAB_DIR, "gpu"), tmp_path, {"bf16": False, "fp16": True, "use_cpu": False}
+        )
     except ValueError as err:  # transformers checks fp16 against the device it can see
         pytest.skip(f"fp16 config cannot be built without a GPU here: {err}")
     assert config.fp16 and not config.bf16
@@ -72,7 +98,6 @@ def _gpu_loader_parameters(method: str) -> set[str]:
     (unsloth_zoo.cpu), which takes **kwargs; the signature the real run meets is the
     one in unsloth/models/loader.py.
     """
-    import ast
     import importlib.util
 
     source = importlib.util.find_spec("unsloth.models.loader").origin
@@ -82,53 +107,70 @@ def _gpu_loader_parameters(method: str) -> set[str]:
     return {a.arg for a in fn.args.args + fn.args.kwonlyargs}
 
 
+def _keywords_of(call_name: str, source: Path) -> set[str]:
+    tree = ast.parse(source.read_text())
+    return {
+        kw.arg
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == call_name
+        for kw in node.keywords
+    }
+
+
 def test_unsloth_gpu_loader_accepts_every_argument_the_lab_passes():
-    loader = _gpu_loader_parameters("from_pretrained")
-    lab_passes = {"model_name", "max_seq_length", "load_in_4bit", "dtype", "fast_inference"}
-    lab_passes |= {"gpu_memory_utilization", "max_lora_rank"}
-    assert lab_passes <= loader, lab_passes - loader
+    lab_passes = _keywords_of("from_pretrained", REPO_ROOT / "grpolab" / "policy.py")
+    assert {"model_name", "fast_inference", "gpu_memory_utilization", "max_lora_rank"} <= lab_passes
+    assert lab_passes <= _gpu_loader_parameters("from_pretrained"), lab_passes - _gpu_loader_parameters(
+        "from_pretrained"
+    )
 
 
 def test_unsloth_get_peft_model_accepts_the_lora_arguments():
     from unsloth import FastLanguageModel
 
-    peft = inspect.signature(FastLanguageModel.get_peft_model).parameters
-    for name in ("r", "lora_alpha", "target_modules", "use_gradient_checkpointing", "random_state"):
-        assert name in peft
+    lab_passes = _keywords_of("get_peft_model", REPO_ROOT / "grpolab" / "policy.py")
+    assert {"r", "lora_alpha", "target_modules", "use_gradient_checkpointing"} <= lab_passes
+    assert lab_passes <= set(inspect.signature(FastLanguageModel.get_peft_model).parameters)
 
 
-def test_cpu_config_is_built_for_real(lab_module, tmp_path):
-    s = load_lab(LAB_DIR, "cpu")
-    config = lab_module.grpo_config(s, tmp_path, on_gpu=False)
+@pytest.mark.parametrize("lab", TRAINER_LABS, ids=lambda p: p.name)
+def test_cpu_config_is_built_for_real(lab, tmp_path):
+    s = lab_settings(lab, "cpu")
+    config = load_lab_module(lab).grpo_config(s, tmp_path, {"bf16": False, "fp16": False, "use_cpu": True})
     assert config.use_cpu and not config.bf16 and not config.use_vllm
-    assert config.generation_batch_size % config.num_generations == 0
+    assert config.generation_batch_size == s.generation_batch_size
 
 
 @gpu_only("loads Qwen3-4B in 4-bit with vLLM in-process at the lab's share and reads the engine's KV blocks")
-def test_real_profile_starts_vllm_at_the_lab_share(gpu_settings):
+def test_real_profile_starts_vllm_at_the_lab_share():
     from grpolab import policy
+    from grpolab.tensors import vllm_kv_cache
 
-    model, _ = policy.load_policy(gpu_settings)
-    kv = policy.vllm_kv_cache_bytes(model)
-    assert kv["kv_cache_tokens"] >= gpu_settings.num_generations * gpu_settings.max_seq_length
+    s = lab_settings(LAB_DIR, "gpu")
+    model, _ = policy.load_policy(s)
+    kv = vllm_kv_cache(model)
+    assert kv["kv_cache_tokens"] >= s.num_generations * s.max_seq_length
 
 
-def test_unsloth_is_imported_before_trl_and_transformers():
-    """On a GPU Unsloth swaps TRL's GRPOTrainer for its own when it is imported; a trainer
-    class imported before that is TRL's plain one, which would not drive Unsloth's vLLM."""
-    import ast
-
-    tree = ast.parse((LAB_DIR / "train.py").read_text())
+@pytest.mark.parametrize("lab", TRAINER_LABS, ids=lambda p: p.name)
+def test_unsloth_is_imported_before_trl(lab):
+    """On a GPU Unsloth swaps TRL's GRPOTrainer for its own when it is imported; a trainer class
+    imported before that is TRL's plain one, which would not drive Unsloth's vLLM. The chapter
+    loads the policy (which imports Unsloth) before it imports TRL's trainer."""
+    tree = ast.parse((lab / "train.py").read_text())
     train = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train")
     order = []
-    for node in train.body:
+    for node in ast.walk(train):
         if isinstance(node, ast.ImportFrom):
-            order += [f"{node.module}.{a.name}" for a in node.names]
-        elif isinstance(node, ast.Import):
-            order += [a.name for a in node.names]
-    first_heavy = min(
-        i for i, name in enumerate(order) if name.split(".")[0] in {"trl", "transformers", "torch"}
-    )
-    assert order.index("grpolab.policy") < first_heavy, order
+            order.append((node.lineno, node.module))
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "load_policy":
+            order.append((node.lineno, "load_policy"))
+    order.sort()
+    names = [name for _, name in order]
+    assert "load_policy" in names and names.index("load_policy") < names.index("trl"), names
+    top = {n.module for n in tree.body if isinstance(n, ast.ImportFrom)} | {
+        a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names
+    }
+    assert not top & {"trl", "transformers", "torch"}, top
     policy_source = (REPO_ROOT / "grpolab" / "policy.py").read_text()
     assert "from unsloth import FastLanguageModel" in policy_source.split("def ")[0]

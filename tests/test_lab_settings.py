@@ -1,68 +1,91 @@
-"""The lab's settings: lab.toml read per profile, overrides, and the one-line refusals."""
+"""A lab's settings: lab.toml read per profile, shared values and overrides, every setting a flag,
+and the one-line refusals. Parametrized over every chapter that trains in this environment."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
-from conftest import LAB_DIR
+from conftest import LAB_DIR, TRAINER_LABS
 
-from grpolab.settings import LabSettingsError, check, load_lab
+from grpolab.session import parser
+from grpolab.settings import FLAGS, LabSettingsError, check, lab_settings, overrides_from
+
+PROFILES = ["gpu", "cpu"]
 
 
-@pytest.mark.parametrize("profile", ["gpu", "cpu"])
-def test_both_profiles_load_and_pass_their_own_checks(profile):
-    s = load_lab(LAB_DIR, profile)
+@pytest.mark.parametrize("lab", TRAINER_LABS, ids=lambda p: p.name)
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_profile_loads_and_passes_its_checks(lab, profile):
+    s = lab_settings(lab, profile)
     check(s)
-    assert s.chapter == "grpo-first" and s.task == "addition" and s.profile == profile
-    assert s.generation_batch_size % s.num_generations == 0
+    assert s.chapter == lab.name and s.profile == profile and not s.overridden
 
 
-def test_gpu_profile_is_the_issue_recipe():
-    s = load_lab(LAB_DIR, "gpu")
-    assert (s.model, s.load_in_4bit, s.fast_inference) == ("unsloth/Qwen3-4B-unsloth-bnb-4bit", True, True)
-    assert (s.max_seq_length, s.max_lora_rank, s.lora_rank, s.lora_alpha) == (1024, 16, 16, 16)
-    assert set(s.target_modules) == {
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-    }
-    assert s.gradient_checkpointing == "unsloth"
-    assert (s.num_generations, s.per_device_train_batch_size, s.gradient_accumulation_steps) == (8, 8, 1)
-    assert (s.max_completion_length, s.learning_rate, s.beta, s.epsilon) == (768, 5e-6, 0.02, 0.2)
-    assert (s.num_iterations, s.loss_type, s.temperature, s.top_p) == (1, "dr_grpo", 1.0, 1.0)
-    assert (s.max_steps, s.logging_steps, s.save_steps, s.seed, s.num_prompts) == (100, 1, 50, 0, 512)
-    assert 0 < s.gpu_memory_utilization < 1
-    assert s.max_prompt_length == 1024 - 768
+def test_profile_tables_override_the_shared_values(tmp_path):
+    text = (LAB_DIR / "lab.toml").read_text()
+    (tmp_path / "lab.toml").write_text(text.replace("[profile.cpu]\n", "[profile.cpu]\nbeta = 0.5\n"))
+    assert lab_settings(tmp_path, "cpu").beta == 0.5
+    assert lab_settings(tmp_path, "gpu").beta == lab_settings(LAB_DIR, "gpu").beta  # the shared value
 
 
-def test_overrides_replace_values_and_a_new_model_brings_its_shape():
-    s = load_lab(LAB_DIR, "cpu", max_steps=7, learning_rate=None, model="/some/model")
-    assert s.max_steps == 7
-    assert s.learning_rate == load_lab(LAB_DIR, "cpu").learning_rate
-    assert s.model_shape == "/some/model"
+@pytest.mark.parametrize("lab", TRAINER_LABS, ids=lambda p: p.name)
+def test_every_setting_is_a_flag_that_overrides_lab_toml(lab):
+    """One vocabulary: each lab.toml setting is `--the-same-name` on the lab's command line."""
+    ap = parser("")
+    base = lab_settings(lab, "cpu")
+    for name in FLAGS:
+        value = getattr(base, name)
+        text = (
+            ",".join(value)
+            if isinstance(value, tuple)
+            else str(value).lower()
+            if isinstance(value, bool)
+            else str(value)
+        )
+        args = ap.parse_args([f"--{name.replace('_', '-')}", text])
+        assert overrides_from(args) == {name: value}, name
+
+
+def test_overrides_are_recorded_and_the_batch_follows_the_group():
+    s = lab_settings(LAB_DIR, "cpu", {"max_steps": 7, "num_generations": 4, "learning_rate": None})
+    assert s.max_steps == 7 and s.learning_rate == lab_settings(LAB_DIR, "cpu").learning_rate
+    assert (s.num_generations, s.per_device_train_batch_size) == (4, 4)
+    assert s.overridden == {"max_steps", "num_generations"}
+    # An explicit batch wins over the rule.
+    s = lab_settings(LAB_DIR, "cpu", {"num_generations": 4, "per_device_train_batch_size": 8})
+    assert s.per_device_train_batch_size == 8
+
+
+def test_the_plan_is_the_settings_under_the_same_names():
+    from budgets.plan import PLAN_FIELDS
+
+    s = lab_settings(LAB_DIR, "gpu")
+    plan = s.plan()
+    shared = [name for name in PLAN_FIELDS if name in FLAGS]
+    assert len(shared) >= 15
+    for name in shared:
+        assert getattr(plan, name) == getattr(s, name), name
+    assert plan.max_prompt_length == s.max_seq_length - s.max_completion_length
 
 
 @pytest.mark.parametrize(
     ("change", "words"),
     [
-        ({"max_steps": 0}, "max_steps must be positive"),
-        ({"max_steps": -3}, "max_steps must be positive"),
-        ({"num_generations": 3}, "not divisible by num_generations 3"),
-        ({"num_generations": 1, "per_device_train_batch_size": 1}, "2 or more"),
+        ({"max_steps": 0}, "max_steps: must be positive"),
+        ({"max_steps": -3}, "--max-steps"),
+        ({"num_generations": 3}, "whole number of groups of num_generations 3"),
+        ({"num_generations": 1, "per_device_train_batch_size": 1}, "--num-generations 2 or more"),
         ({"max_completion_length": 256}, "leaves no room for the prompt"),
         ({"task": "multiplication"}, "unknown task 'multiplication'"),
         ({"model": "/no/such/model"}, "no model at '/no/such/model'"),
-        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in (0, 1]"),
-        ({"lora_rank": 32}, "exceeds max_lora_rank"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization: must be in (0, 1]"),
+        ({"lora_rank": 32}, "max_lora_rank: 16 is below lora_rank 32"),
+        ({"optim": "sgd"}, "optim: must be one of"),
     ],
 )
 def test_settings_that_cannot_work_get_one_line_with_the_fix(change, words):
-    s = dataclasses.replace(load_lab(LAB_DIR, "cpu"), **change)
+    s = dataclasses.replace(lab_settings(LAB_DIR, "cpu"), **change)
     with pytest.raises(LabSettingsError) as err:
         check(s)
     assert words in str(err.value)
@@ -71,13 +94,34 @@ def test_settings_that_cannot_work_get_one_line_with_the_fix(change, words):
 
 def test_unknown_profile_and_missing_lab_are_refused(tmp_path):
     with pytest.raises(LabSettingsError, match="unknown profile"):
-        load_lab(LAB_DIR, "tpu")
+        lab_settings(LAB_DIR, "tpu")
     with pytest.raises(LabSettingsError, match="no lab settings"):
-        load_lab(tmp_path, "cpu")
+        lab_settings(tmp_path, "cpu")
 
 
 def test_a_typo_in_lab_toml_is_named(tmp_path):
     text = (LAB_DIR / "lab.toml").read_text().replace("max_steps = 60", "max_step = 60")
     (tmp_path / "lab.toml").write_text(text)
     with pytest.raises(LabSettingsError, match=r"unknown setting.*max_step"):
-        load_lab(tmp_path, "cpu")
+        lab_settings(tmp_path, "cpu")
+
+
+def test_a_missing_setting_is_named(tmp_path):
+    text = (LAB_DIR / "lab.toml").read_text().replace("seed = 0\n", "")
+    (tmp_path / "lab.toml").write_text(text)
+    with pytest.raises(LabSettingsError, match=r"lacks seed"):
+        lab_settings(tmp_path, "cpu")
+
+
+def test_a_bad_flag_value_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as stop:
+        parser("").parse_args(["--num-generations", "many"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "\n" not in err
+
+
+def test_help_lists_every_setting():
+    text = parser("").format_help()  # argparse formats help with %: a stray % would raise here
+    for name in FLAGS:
+        assert f"--{name.replace('_', '-')}" in text, name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import resource
 import time
 
@@ -11,13 +12,12 @@ import pytest
 import torch
 
 from grpolab import tracking
-from grpolab.probe import (
-    MemoryProbe,
-    is_out_of_memory,
-    model_bytes_by_kind,
-    optimizer_state_bytes,
-    quant_state_bytes,
-)
+from grpolab.device import Device
+from grpolab.oom import blame, is_out_of_memory
+from grpolab.probe import MemoryProbe
+from grpolab.tensors import model_bytes_by_kind, optimizer_state_bytes, quant_state_bytes
+
+CPU = Device("cpu")
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def store(tmp_path, monkeypatch):
 
 
 def test_probe_catches_a_short_peak_inside_its_phase():
-    probe = MemoryProbe("cpu", interval_s=0.002).start()
+    probe = MemoryProbe(CPU, interval_s=0.002).start()
     try:
         with probe.phase("idle") as idle:
             time.sleep(0.05)
@@ -46,7 +46,7 @@ def test_probe_catches_a_short_peak_inside_its_phase():
 
 
 def test_nested_phases_credit_the_peak_to_both_and_remember_the_failing_phase():
-    probe = MemoryProbe("cpu", interval_s=0.002).start()
+    probe = MemoryProbe(CPU, interval_s=0.002).start()
     try:
         with pytest.raises(RuntimeError), probe.phase("train") as outer:
             with probe.phase("train_step", keep=False) as inner:
@@ -132,6 +132,19 @@ def test_a_run_ends_with_the_status_it_earned_and_keeps_what_it_logged(store, er
     finished = mlflow.get_run(run.info.run_id)
     assert finished.info.status == status
     assert finished.data.metrics["reward"] == 0.5
+    # Whose run it is: enough to tell later whether its process still lives.
+    assert finished.data.tags["process.pid"] == str(os.getpid())
+    assert float(finished.data.tags["process.start_time"]) > 0
+
+
+def test_the_line_to_blame_for_an_out_of_memory():
+    budget = {"kv_cache": 1, "train_activations": 1, "base_weights": 1}
+    # A line measured well over its budget is the culprit, whatever the phase.
+    assert blame("generate", {"base_weights": 0.3, "kv_cache": 0.01}, budget) == "base_weights"
+    # Otherwise the line that grows in the phase that ran out; without vLLM, generate's own cache.
+    assert blame("generate", {"base_weights": 0.01}, budget) == "kv_cache"
+    assert blame("generate", {}, {"generate_kv_cache": 1}) == "generate_kv_cache"
+    assert blame("train_step", {}, budget) == "train_activations"
 
 
 def test_the_default_store_is_the_repository_sqlite_file(monkeypatch):

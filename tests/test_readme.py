@@ -33,8 +33,9 @@ RUN_ELSEWHERE = {
 BUDGET_COMMANDS = {
     "uv run python -m budgets --lab labs/grpo-first",
     "uv run python -m budgets --lab labs/grpo-first --profile cpu",
-    "uv run python -m budgets --model qwen3-8b --gpu rtx-4090 --generations 16 --batch 16 --headroom",
-    "uv run python -m budgets --model qwen3-32b --quant bf16 --gpu h100-sxm --gpus 4 --layout server --vllm-gpus 2 --json",
+    "uv run python -m budgets --lab labs/grpo-first --num-generations 16 --suggest-util",
+    "uv run python -m budgets --model qwen3-8b --gpu rtx-4090 --num-generations 16 --per-device-train-batch-size 16 --headroom",
+    "uv run python -m budgets --model qwen3-32b --load-in-4bit false --gpu h100-sxm --gpus 4 --layout server --vllm-gpus 2 --json",
 }
 LAB_WITH_FLAGS = (
     "uv run python labs/grpo-first/train.py --max-steps 20 --num-generations 4 --max-completion-length 16 "
@@ -122,4 +123,5 @@ def test_lab_with_the_readme_flags(tmp_path):
         "4",
     )
     assert (params["max_completion_length"], params["learning_rate"]) == ("16", "0.02")
+    assert run.data.tags["overridden"] == "learning_rate,max_completion_length,max_steps,num_generations"
     assert list(out.glob("grpo-first/*/adapter/adapter_config.json"))

@@ -3,9 +3,10 @@ what no line explains, and the CPU line measured from the step peaks."""
 
 from __future__ import annotations
 
-from grpolab.callbacks import LabCallback
+from grpolab.comparison import Comparison
+from grpolab.device import Device
+from grpolab.meter import Meter
 from grpolab.probe import GIB, MemoryProbe
-from grpolab.report import Comparison, measure_lines, peak_lines
 
 MIB = 1024**2
 
@@ -48,23 +49,22 @@ def test_the_verdict_says_whether_it_held_the_line_that_missed_most_and_what_no_
 
 
 def test_the_printed_peak_is_the_logged_total():
-    assert peak_lines(comparison(total_measured=int(1.5 * GIB), total_label="resident-set peak")) == [
-        "Peak memory (resident set of this process, CPU): 1.50 GiB"
-    ]
+    cpu = comparison(total_measured=int(1.5 * GIB), total_label="resident-set peak")
+    assert cpu.peak_lines() == ["Peak memory (resident set of this process, CPU): 1.50 GiB"]
     gpu = comparison(total_measured=int(6.25 * GIB), unpaired_measured={"torch_allocated_peak": 3 * GIB})
-    assert peak_lines(gpu) == [
+    assert gpu.peak_lines() == [
         "Peak memory (NVML, whole process incl. vLLM and CUDA context): 6.25 GiB",
-        "Peak memory (torch allocator only, misses vLLM's pool): 3.00 GiB",
+        "Peak memory (torch allocator; vLLM's weights and KV cache included unless standby): 3.00 GiB",
     ]
 
 
 def test_on_a_cpu_the_growth_over_the_steps_is_the_shape_cache_line():
-    probe = MemoryProbe("cpu")
+    probe = MemoryProbe(Device("cpu"))
     probe.start()
     try:
-        callback = LabCallback(probe)
-        callback.step_peaks = [(1, 1000 * MIB), (2, 1010 * MIB), (3, 1180 * MIB), (4, 1170 * MIB)]
-        measured = measure_lines(probe, callback, trainer=None)
+        meter = Meter(probe, sheet=None)
+        meter.step_peaks = [(1, 1000 * MIB), (2, 1010 * MIB), (3, 1180 * MIB), (4, 1170 * MIB)]
+        measured = meter.lines()
     finally:
         probe.stop()
     assert measured["host_shape_caches"] == 180 * MIB

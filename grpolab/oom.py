@@ -1,0 +1,56 @@
+"""Recognising an out-of-memory error, and naming the budget line to blame and what to change."""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Collection
+
+from budgets import advice
+
+# The phase that ran out, mapped to the line that grows there.
+PHASE_LINES = {
+    "load": "base_weights",
+    "generate": "kv_cache",
+    "train_step": "train_activations",
+    "train": "train_activations",
+}
+OVER_BUDGET = 0.05  # a measured line more than 5% over its budget line counts as exceeded
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """torch's CUDA OOM, Python's MemoryError, torch's CPU allocator refusing an allocation, or
+    oneDNN failing to build a kernel under an address-space limit."""
+    import torch
+
+    if isinstance(error, torch.OutOfMemoryError | MemoryError):
+        return True
+    if not isinstance(error, RuntimeError):
+        return False
+    text = str(error)
+    if "can't allocate memory" in text or "not enough memory" in text or "out of memory" in text:
+        return True
+    # oneDNN reports a failed allocation for its JIT kernel only as "could not create a primitive".
+    # Without an address-space limit Linux overcommits and the OOM killer ends the process instead,
+    # so under a limit (--memory-cap-gib, a container's ulimit -v) that message means memory.
+    return "could not create a primitive" in text and _address_space_limited()
+
+
+def _address_space_limited() -> bool:
+    return resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
+
+
+def blame(phase: str, rel_errors: dict[str, float], budget_lines: Collection[str]) -> str:
+    """The line to blame: one measured well over its budget, else the line that grows in the phase
+    that ran out (static lines within a few percent are not to blame)."""
+    exceeded = {name: err for name, err in rel_errors.items() if err > OVER_BUDGET}
+    if exceeded:
+        return max(exceeded, key=exceeded.get)
+    line = PHASE_LINES.get(phase, "train_activations")
+    if line == "kv_cache" and line not in budget_lines:
+        line = "generate_kv_cache"  # no vLLM: transformers' generate holds its own cache
+    return line
+
+
+def next_step(line: str, values: dict, accepts: Collection[str]) -> str:
+    """What to change, as flags the lab accepts and that are not already set."""
+    return advice.for_line(line, values, accepts)

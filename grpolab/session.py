@@ -1,0 +1,368 @@
+"""The chapter harness: everything a lab run does around its lesson.
+
+A chapter's train.py holds the lesson (its prompts, its GRPO config, the trainer call) in a
+function `train(run)`, and hands it to `run_lab`:
+
+    def main(argv=None) -> int:
+        return grpolab.run_lab(LAB_DIR, train, argv, doc=__doc__)
+
+`run_lab` reads the flags and lab.toml, finds the device, prints the budget sheet and refuses a
+plan that does not fit, builds the task's prompts, opens the MLflow run, measures while `train`
+runs, ends the run with the status it earned (FINISHED, KILLED, FAILED), saves the adapter and
+prints what happened. Bad input is one line on stderr and exit code 2, before anything is written;
+running out of memory is exit code 3 with a FAILED run that names the line to blame.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from budgets import BudgetError
+from grpolab.settings import (
+    FLAGS,
+    LabSettings,
+    LabSettingsError,
+    add_flags,
+    check,
+    lab_settings,
+    overrides_from,
+)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+EXIT_BAD_INPUT, EXIT_OUT_OF_MEMORY, EXIT_INTERRUPTED = 2, 3, 130
+
+
+class OutOfMemory(RuntimeError):
+    """Memory ran out; the message is the one-line next step."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2, like every other bad input
+        print(f"error: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    """The flags every chapter has: the profile, the run's options, and one flag per setting."""
+    ap = _Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--profile",
+        choices=("auto", "gpu", "cpu"),
+        default="auto",
+        help="gpu: the real run (fails at once without CUDA); cpu: the tiny stand-in; auto: gpu if present",
+    )
+    run = ap.add_argument_group("the run")
+    run.add_argument(
+        "--output-dir", type=Path, default=REPO_ROOT / "outputs", help="adapters and checkpoints"
+    )
+    run.add_argument("--ignore-budget", action="store_true", help="start even when the budget says no")
+    run.add_argument("--memory-sample-ms", type=float, default=5.0, help="how often the memory probe samples")
+    run.add_argument(
+        "--system-metrics-interval",
+        type=float,
+        default=2.0,
+        help="seconds between MLflow's system metrics samples (too coarse for peaks: the probe catches those)",
+    )
+    run.add_argument(
+        "--memory-cap-gib",
+        type=float,
+        help="let memory grow by at most this much after loading (GPU: torch's allocator beyond what it "
+        "holds; CPU: address space), to rehearse an out-of-memory",
+    )
+    add_flags(ap)
+    return ap
+
+
+@dataclass
+class Run:
+    """One lab run, as the lesson sees it: its settings, the prompts, the policy loader, and
+    `train(trainer)`, which measures the trainer while it trains."""
+
+    settings: LabSettings
+    sheet: Any
+    device: Any
+    options: argparse.Namespace
+    train_dataset: Any
+    output_dir: Path
+    meter: Any = None
+    mlflow_run: Any = None
+    trainer: Any = None
+    tokenizer: Any = None
+    adapter_dir: Path | None = None
+    comparison: Any = None
+    summary: list[str] = field(default_factory=list)
+
+    @property
+    def task(self):
+        from task import get_task
+
+        return get_task(self.settings.task)
+
+    def load_policy(self):
+        """The 4-bit base with its LoRA adapter, loaded and measured as the "load" phase."""
+        from grpolab import policy
+
+        with self.meter.probe.phase("load"):
+            model, self.tokenizer = policy.load_policy(self.settings)
+        if self.options.memory_cap_gib is not None:
+            self.meter.probe.cap(self.options.memory_cap_gib)  # rehearse an out-of-memory on purpose
+        return model, self.tokenizer
+
+    def precision(self, model) -> dict[str, bool]:
+        """bf16 / fp16 as the model was really loaded (fp16 on a T4), or the CPU."""
+        from grpolab.device import trainer_precision
+
+        return trainer_precision(model, self.device.on_gpu)
+
+    def train(self, trainer) -> None:
+        """Train, with every generation and training pass measured; logs what really trains."""
+        from grpolab import tracking
+
+        self.trainer = trainer
+        self.meter.attach(trainer)
+        tracking.log_trainer_args(trainer.args)
+        with self.meter.probe.phase("train"):
+            trainer.train()
+
+
+def run_lab(lab_dir: Path, train: Callable[[Run], None], argv: list[str] | None = None, doc: str = "") -> int:
+    """Parse, check, budget, run `train` inside a measured MLflow run; returns the exit code."""
+    args = parser(doc.split("\n\n")[0] if doc else "").parse_args(argv)
+    try:
+        device, settings, sheet, card_note = prepare(lab_dir, args)
+    except (LabSettingsError, BudgetError) as err:
+        return _refuse(err)
+    try:
+        dataset = prompts(settings)
+    except LabSettingsError as err:  # found only once the tokenizer exists (prompt lengths)
+        return _refuse(err)
+    try:
+        with session(settings, sheet, device, args, dataset, card_note) as run:
+            train(run)
+    except OutOfMemory as err:
+        print(f"\nerror: {err}", file=sys.stderr)  # on a line of its own, after the progress bar
+        return EXIT_OUT_OF_MEMORY
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    print("\n".join(run.summary))
+    return 0
+
+
+def _refuse(err: Exception) -> int:
+    print(f"error: {err}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def prepare(lab_dir: Path, args: argparse.Namespace):
+    """Device, settings and sheet, checked before anything loads; prints the sheet."""
+    from budgets import compute, get_card
+    from budgets.cards import card_for_device
+    from grpolab.device import DeviceError, detect
+
+    try:
+        device = detect()
+    except DeviceError as err:
+        raise LabSettingsError(str(err)) from None
+    if args.profile == "gpu" and not device.on_gpu:
+        raise LabSettingsError(
+            "--profile gpu needs a CUDA GPU and torch sees none: run on a machine with an NVIDIA GPU, or drop "
+            "--profile to use the CPU stand-in"
+        )
+    profile = (
+        "gpu"
+        if args.profile == "auto" and device.on_gpu
+        else ("cpu" if args.profile == "auto" else args.profile)
+    )
+    settings = lab_settings(lab_dir, profile, overrides_from(args))
+    check(settings)
+    plan = settings.plan()
+    card_note = f"{settings.gpu} (lab.toml)"
+    if device.on_gpu and "gpu" not in settings.overridden:
+        # The card the run is really on, and what other processes already hold on it.
+        card, card_note = card_for_device(device.name, device.total_bytes)
+        plan = plan.with_(gpu=card, other_processes_gib=device.other_bytes_at_start / 1024**3)
+    elif profile == "gpu":
+        card_note = f"{get_card(settings.gpu).name} (--gpu)" if "gpu" in settings.overridden else card_note
+    sheet = compute(plan)
+    print(sheet.table(accepts=FLAGS), f"\nbudget card: {card_note}", flush=True)
+    if not args.ignore_budget:
+        sheet.require_fits(accepts=FLAGS)
+    if profile == "cpu":
+        announce_cpu(settings)
+    return device, settings, sheet, card_note
+
+
+def announce_cpu(s: LabSettings) -> None:
+    print(
+        "\n"
+        "=== No CUDA GPU found: running the CPU stand-in of this lab ===\n"
+        f"  model:   {s.model} (a tiny random-weight Qwen3, built offline; not Qwen3-4B)\n"
+        f"  backend: {s.backend} (bitsandbytes 4-bit layers on CPU, generation by transformers, no vLLM)\n"
+        "  The loop, the rewards, the tracking and the budget are the real ones;\n"
+        "  the numbers (reward, memory, speed) are the tiny model's, not Qwen3-4B's.\n",
+        flush=True,
+    )
+
+
+def prompts(s: LabSettings):
+    """The task's prompts, keeping those that leave room for a full completion.
+
+    TRL 1.x has no max_prompt_length: a prompt is bounded by dropping the ones that do not fit in
+    max_seq_length - max_completion_length before training. Unsloth is imported first: it patches
+    transformers and TRL, which must not be imported before it.
+    """
+    from grpolab import policy
+
+    # isort: split
+    from transformers import AutoTokenizer
+
+    from task import get_task
+
+    tokenizer = AutoTokenizer.from_pretrained(policy.resolve_model_path(s.model))
+    dataset = get_task(s.task).build_dataset(s.num_prompts, s.seed)
+
+    def prompt_tokens(row: dict) -> dict:
+        text = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+        return {"prompt_tokens": len(tokenizer(text, add_special_tokens=False)["input_ids"])}
+
+    dataset = dataset.map(prompt_tokens)
+    kept = dataset.filter(lambda row: row["prompt_tokens"] <= s.max_prompt_length)
+    if len(kept) == 0:
+        raise LabSettingsError(
+            f"max_completion_length: every prompt is longer than max_seq_length - max_completion_length = "
+            f"{s.max_prompt_length} tokens (longest: {max(dataset['prompt_tokens'])}): lower "
+            "--max-completion-length or raise --max-seq-length"
+        )
+    return kept
+
+
+@contextmanager
+def session(
+    settings, sheet, device, args, dataset, card_note: str = "", nested: bool = False
+) -> Iterator[Run]:
+    """An MLflow run around one training: measured, ended with the status it earned, its adapter saved.
+
+    Ctrl-C ends the run KILLED with the adapter trained so far; an out-of-memory error ends it FAILED
+    with the phase, the peak and the line to blame, and raises OutOfMemory with the next step.
+    """
+    from grpolab import tracking
+    from grpolab.meter import Meter
+    from grpolab.oom import is_out_of_memory
+    from grpolab.probe import MemoryProbe
+
+    probe = MemoryProbe(device, interval_s=args.memory_sample_ms / 1000).start()
+    if device.on_gpu:
+        import torch
+
+        torch.cuda.memory._record_memory_history(max_entries=100_000)  # for a snapshot on OOM
+    name = tracking.run_name(settings.profile)
+    run = Run(
+        settings, sheet, device, args, dataset, args.output_dir / settings.chapter / name, Meter(probe, sheet)
+    )
+    tags = {
+        "profile": settings.profile,
+        "backend": settings.backend,
+        "model_id": settings.model,
+        "chapter": settings.chapter,
+    }
+    try:
+        with tracking.lab_run(
+            settings.chapter, name, tags, args.system_metrics_interval, nested
+        ) as mlflow_run:
+            run.mlflow_run = mlflow_run
+            tracking.log_context(settings, device, card_note)
+            tracking.log_sheet(sheet)
+            try:
+                yield run
+            except KeyboardInterrupt:
+                # Keep what was trained and what was measured; the run ends KILLED.
+                _save_adapter(run)
+                _log_measurement(run, "KILLED")
+                print(
+                    f"\nInterrupted: run {mlflow_run.info.run_id} ends KILLED; the adapter so far is in {run.output_dir}"
+                )
+                raise
+            except Exception as error:
+                if not is_out_of_memory(error):
+                    raise
+                raise OutOfMemory(_log_out_of_memory(run, error)) from error
+            _save_adapter(run)
+            if run.adapter_dir is not None:
+                import mlflow
+
+                mlflow.log_artifacts(str(run.adapter_dir), artifact_path="adapter")
+            _log_measurement(run, "FINISHED")
+    finally:
+        probe.stop()
+    run.summary += [
+        f"\nAdapter saved to {run.adapter_dir}",
+        *run.comparison.peak_lines(),
+        run.comparison.verdict(),
+        f"MLflow run {run.mlflow_run.info.run_id} in {tracking.tracking_uri()}",
+        f"Open it: uv run mlflow ui --backend-store-uri {tracking.tracking_uri()}, then {tracking.run_url(run.mlflow_run)}",
+    ]
+
+
+def _save_adapter(run: Run) -> None:
+    from grpolab.atomic import save_pretrained_atomically
+
+    if run.trainer is not None:
+        run.adapter_dir = save_pretrained_atomically(
+            run.trainer.model, run.tokenizer, run.output_dir / "adapter"
+        )
+
+
+def _log_measurement(run: Run, status: str) -> None:
+    from grpolab import comparison, tracking
+    from grpolab.probe import MEMORY_LABELS
+
+    meter = run.meter
+    run.comparison = c = comparison.compare(
+        run.sheet, meter.lines(), meter.probe.process_peak_bytes, run.device.on_gpu
+    )
+    note = c.verdict() + ("" if status == "FINISHED" else f" (run ended {status}: figures so far)")
+    figure = comparison.chart(c, meter.step_peaks, run.sheet.total_bytes)
+    tracking.log_comparison(c, figure, meter.probe.summary(), MEMORY_LABELS, note)
+
+
+def _log_out_of_memory(run: Run, error: BaseException) -> str:
+    """The FAILED run's record of an out-of-memory error: peak, phase, the line to blame, a CUDA
+    snapshot; returns the one-line next step."""
+    import tempfile
+
+    import mlflow
+
+    from grpolab import comparison, oom
+
+    probe = run.meter.probe
+    phase = probe.failed_phase or probe.current_phase
+    c = comparison.compare(run.sheet, run.meter.lines(), probe.process_peak_bytes, run.device.on_gpu)
+    line = oom.blame(phase, {n: c.rel_error(n) for n in c.paired}, c.budget)
+    advice = oom.next_step(line, run.sheet.inputs, FLAGS)
+    peak_gib = probe.process_peak_bytes / 1024**3
+    mlflow.log_metrics({**probe.summary(), "oom/peak_gib": peak_gib})
+    mlflow.log_metrics({f"{name}/measured": c.measured[name] / 1024**3 for name in c.paired})
+    mlflow.set_tags(
+        {
+            "oom_phase": phase,
+            "oom_line": line,
+            "oom_error": str(error).splitlines()[0][:500] if str(error) else type(error).__name__,
+            "mlflow.note.content": (
+                f"Out of memory during {phase} at a peak of {peak_gib:.2f} GiB; budget line most exceeded: "
+                f"{line}. Next step: {advice}."
+            ),
+        }
+    )
+    if run.device.on_gpu:
+        import torch
+
+        path = Path(tempfile.mkdtemp(prefix="memory-")) / "cuda_memory_snapshot.pickle"
+        torch.cuda.memory._dump_snapshot(str(path))
+        mlflow.log_artifact(str(path), artifact_path="memory")
+    return f"out of memory during {phase} at {peak_gib:.2f} GiB (budget line most exceeded: {line}): {advice}"
