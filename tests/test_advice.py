@@ -29,7 +29,7 @@ def assert_flags_parse(text: str, make_parser) -> int:
     """Parse every change the advice names with the command's parser; returns how many it named."""
     ap = make_parser()
     named = 0
-    for verb, flag, value, now, bound in CHANGE.findall(text):
+    for _verb, flag, value, now, bound in CHANGE.findall(text):
         argv = [flag, value or bound or now or "1"]
         try:
             ap.parse_args(argv)

@@ -202,7 +202,9 @@ def test_trainable_and_reference_lines_match_the_measured_cpu_run():
     assert sheet.line("lora_grads").bytes == n * 2
     assert sheet.line("optimizer_states").bytes == 2 * n * 2  # adamw_torch
     assert sheet.line("reference_policy").bytes == n * 4
-    assert "x 2 B" in sheet.line("lora_params").formula and "measured on CPU" in sheet.line("lora_params").note
+    assert (
+        "x 2 B" in sheet.line("lora_params").formula and "measured on CPU" in sheet.line("lora_params").note
+    )
     assert "'ref' adapter" in sheet.line("reference_policy").formula
     assert sheet.metrics["train_state_bytes"] == sheet.line("base_weights").bytes + 8 * n
     assert compute(lab_plan("cpu", beta=0.0)).line("reference_policy") is None
@@ -233,7 +235,12 @@ def test_a_new_group_size_keeps_the_prompts_per_step():
     plan = lab_plan(num_generations=4, max_completion_length=16)
     assert (plan.num_generations, plan.per_device_train_batch_size) == (4, 4)
     assert (plan.max_completion_length, plan.max_prompt_length) == (16, 1024 - 16)
-    assert Plan(num_generations=8, per_device_train_batch_size=16).with_num_generations(4).per_device_train_batch_size == 8
+    assert (
+        Plan(num_generations=8, per_device_train_batch_size=16)
+        .with_num_generations(4)
+        .per_device_train_batch_size
+        == 8
+    )
 
 
 def test_every_formula_prints_the_numbers_its_value_comes_from():
@@ -246,7 +253,9 @@ def test_every_formula_prints_the_numbers_its_value_comes_from():
                 ln.name == "logits" and "chunk" not in ln.formula
             ):
                 text = re.sub(r"\([^()]* = ([\d,]+)\)", r" \1 ", ln.formula)  # a named term: its value
-                factors = [int(x.replace(",", "")) for x in re.findall(r"(?<![\w.])(\d[\d,]*)(?![\w.])", text)]
+                factors = [
+                    int(x.replace(",", "")) for x in re.findall(r"(?<![\w.])(\d[\d,]*)(?![\w.])", text)
+                ]
                 product = math.prod(f for f in factors if f)
                 assert product == ln.bytes, (ln.name, ln.formula, product, ln.bytes)
 
@@ -269,18 +278,30 @@ def test_vllm_refuses_to_start_where_trl_passes_the_util_unchanged():
     asks for util x total after the trainer's model is loaded, which can be more than is free."""
     assert compute(lab_plan(gpu_memory_utilization=0.99)).metrics["vllm"]["starts"]
     sheet = compute(
-        Plan(model="qwen3-1.7b", gpu="rtx-4090", layout="colocate", load_in_4bit=False, gpu_memory_utilization=0.95)
+        Plan(
+            model="qwen3-1.7b",
+            gpu="rtx-4090",
+            layout="colocate",
+            load_in_4bit=False,
+            gpu_memory_utilization=0.95,
+        )
     )
     assert not sheet.fits and not sheet.metrics["vllm"]["starts"]
     with pytest.raises(BudgetError) as err:
         sheet.require_fits()
     msg = str(err.value)
-    assert "\n" not in msg and msg.startswith("gpu_memory_utilization:") and "lower --gpu-memory-utilization" in msg
+    assert (
+        "\n" not in msg
+        and msg.startswith("gpu_memory_utilization:")
+        and "lower --gpu-memory-utilization" in msg
+    )
 
 
 def test_too_big_names_the_line_and_what_to_change():
     sheet = compute(
-        Plan(model="qwen3-8b", gpu="t4", load_in_4bit=False, max_completion_length=4096, max_prompt_length=512)
+        Plan(
+            model="qwen3-8b", gpu="t4", load_in_4bit=False, max_completion_length=4096, max_prompt_length=512
+        )
     )
     assert not sheet.fits
     with pytest.raises(BudgetError) as err:
@@ -425,7 +446,11 @@ def test_headroom_is_the_edge(knob):
     from budgets.headroom import _variant
 
     assert compute(_variant(plan, knob, h.largest)).fits
-    step = {"max_completion_length": 16, "per_device_train_batch_size": plan.num_generations, "num_generations": 1}
+    step = {
+        "max_completion_length": 16,
+        "per_device_train_batch_size": plan.num_generations,
+        "num_generations": 1,
+    }
     assert not compute(_variant(plan, knob, h.largest + step[knob])).fits
 
 
@@ -492,7 +517,9 @@ def test_fsdp_shards_full_training_16_bytes_per_parameter():
     n = load_shape("qwen3-8b").total_params()
     ddp = compute(Plan(**base, gpus=3, vllm_gpus=1))
     fsdp = compute(Plan(**base, gpus=5, vllm_gpus=1, trainer_sharding="fsdp"))
-    state = {ln.name: ln.bytes for ln in ddp.lines if ln.name in ("base_weights", "full_grads", "optimizer_states")}
+    state = {
+        ln.name: ln.bytes for ln in ddp.lines if ln.name in ("base_weights", "full_grads", "optimizer_states")
+    }
     assert sum(state.values()) == 16 * n  # fp32 weights 4 + grads 4 + Adam 8
     assert fsdp.line("base_weights").bytes == math.ceil(n * 4 / 4)
     assert not ddp.per_card[0].fits and fsdp.per_card[0].fits  # 8B full on one 80 GB card does not fit
@@ -535,4 +562,6 @@ def test_roofline():
     assert m["tokens_per_step"] == 8 * 768
     assert m["decode_tokens_per_s_ceiling"] == pytest.approx(960e9 / m["decode_bytes_per_token"], rel=1e-3)
     assert m["generation_seconds_estimate"] > 768 * m["decode_bytes_per_token"] / 960e9 * 0.5
-    assert m["decode_tokens_per_s_step_ceiling"] == pytest.approx(m["tokens_per_step"] / m["generation_seconds_estimate"], rel=1e-3)
+    assert m["decode_tokens_per_s_step_ceiling"] == pytest.approx(
+        m["tokens_per_step"] / m["generation_seconds_estimate"], rel=1e-3
+    )
