@@ -1,0 +1,1 @@
+"""The verl chapter's machinery."""
