@@ -230,7 +230,12 @@ pd.DataFrame([budget.card_summary(lab.config(name), s) for name, s in sheets.ite
 # %%
 pd.DataFrame(budget.candidates(lab.config("one-card")))
 
+# %% [markdown]
+# The one-card sheet, line by line; the budget CLI prints the same from the flags below (in either
+# environment), and explores around it with `--headroom` or `--suggest-util`:
+
 # %%
+print("python -m budgets", " ".join(budget.cli_args(budget.plan(lab.config("one-card")))), "\n")
 print(sheets["one-card"].table())
 
 # %% [markdown]

@@ -98,7 +98,7 @@ def launch_run(args: argparse.Namespace) -> int:
     values = launch.overrides(cfg, task, args.data_dir or lab.data.dir, launch.parse_extra(args.extra))
     schema.compose(launch.hydra_args(values))  # a misspelt or unknown key stops here, with Hydra's message
     sheet = budget.sheet(cfg, values)
-    print(budget.describe(cfg, sheet), flush=True)
+    print(budget.describe(cfg, sheet, values), flush=True)
     command = launch.command(cfg, values, ray_address=args.ray_address)
     print("\ncommand:\n" + launch.format_command(command) + "\n", flush=True)
 

@@ -19,6 +19,8 @@ What the sheet leaves out of verl (said again where the launcher prints it):
 
 from __future__ import annotations
 
+import dataclasses
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -100,6 +102,25 @@ def sheet(cfg: LaunchConfig, values: Mapping[str, Any] | None = None) -> budgets
     return budgets.compute(plan(cfg, values))
 
 
+def cli_args(p: budgets.Plan) -> list[str]:
+    """The budget CLI's flags for a plan (the settings that differ from the CLI's defaults), so
+    ``python -m budgets <these>`` prints the same sheet and can explore around it (--headroom, ...)."""
+    default = budgets.Plan()
+    args = []
+    for field in dataclasses.fields(budgets.Plan):
+        value = getattr(p, field.name)
+        if value == getattr(default, field.name) and field.name not in ("model", "gpu"):
+            continue
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, tuple):
+            text = ",".join(value)
+        else:
+            text = str(value)
+        args += ["--" + field.name.replace("_", "-"), text]
+    return args
+
+
 def card_summary(cfg: LaunchConfig, s: budgets.Sheet) -> dict[str, Any]:
     """The figures the launcher prints beside a configuration: layout, cards, weight sync, verdict."""
     gib = 1 << 30
@@ -116,13 +137,16 @@ def card_summary(cfg: LaunchConfig, s: budgets.Sheet) -> dict[str, Any]:
     }
 
 
-def describe(cfg: LaunchConfig, s: budgets.Sheet) -> str:
+def describe(cfg: LaunchConfig, s: budgets.Sheet, values: Mapping[str, Any] | None = None) -> str:
     """The lines the launcher prints: the sheet, then the per-card verdict of the configuration."""
     summary = card_summary(cfg, s)
     lora_sync = s.metrics["trainable_params"] * 2
+    cli = shlex.join(["python", "-m", "budgets", *cli_args(plan(cfg, values))])
     return "\n".join(
         [
             s.table(),
+            "",
+            f"the same sheet from the budget CLI: {cli}",
             "",
             f"configuration {cfg.name}: {cfg.description}",
             f"  cards:       {summary['cards']} ({cfg.cards} in all)",

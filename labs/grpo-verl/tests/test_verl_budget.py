@@ -94,3 +94,16 @@ def test_a_bigger_group_changes_the_sheet():
         },
     )
     assert bigger.phases["train"] > base.phases["train"]
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_the_budget_cli_prints_the_same_sheet(name, capsys):
+    from budgets.cli import main as budgets_cli
+
+    cfg = LAB.config(name)
+    args = budget.cli_args(budget.plan(cfg))
+    assert {"--model", "--gpu", "--layout", "--trainer-sharding", "--load-in-4bit"} <= set(args[::2])
+    assert ("--gpus" in args[::2]) == (cfg.cards > 1)
+    assert budgets_cli(args) == 0
+    assert capsys.readouterr().out.strip() == budget.sheet(cfg).table().strip()
+    assert f"python -m budgets {' '.join(args)}" in budget.describe(cfg, budget.sheet(cfg))
