@@ -29,6 +29,32 @@ RUN_ELSEWHERE = {
         '["mlflow", "ui", "--backend-store-uri", "sqlite:///mlflow.db"]',
     ),
     "uv run jupyter lab": ("tests/test_notebooks.py", '["uv", "run", "jupyter", "lab"]'),
+    # The verl chapter runs in its own environment: .ci/run syncs it and runs these.
+    "uv run --project labs/grpo-verl python labs/grpo-verl/train.py prepare": (
+        ".ci/run",
+        "uv run --frozen --project labs/grpo-verl python labs/grpo-verl/train.py prepare",
+    ),
+    "uv run --project labs/grpo-verl python labs/grpo-verl/train.py launch --config one-node --dry-run": (
+        ".ci/run",
+        "uv run --frozen --project labs/grpo-verl python labs/grpo-verl/train.py launch --config one-node --dry-run",
+    ),
+    "uv run --project labs/grpo-verl python labs/grpo-verl/train.py launch --config one-card --check": (
+        ".ci/run",
+        "uv run --frozen --project labs/grpo-verl python labs/grpo-verl/train.py launch --config one-card --check",
+    ),
+    "uv run --project labs/grpo-verl pytest labs/grpo-verl/tests": (
+        ".ci/run",
+        "uv run --frozen --project labs/grpo-verl pytest labs/grpo-verl/tests",
+    ),
+    # Without the GPU it prints the sheet and the command and starts nothing (the chapter's test).
+    "uv run --project labs/grpo-verl python labs/grpo-verl/train.py launch --config one-card": (
+        "labs/grpo-verl/tests/test_verl_launcher.py",
+        'train.main(["launch", "--config", "one-card", "--data-dir", str(tmp_path)])',
+    ),
+    "uv run --project labs/grpo-verl python labs/grpo-verl/train.py launch --config multi-node --dry-run": (
+        "labs/grpo-verl/tests/test_verl_launcher.py",
+        'train.main(["launch", "--config", name, "--data-dir", str(tmp_path), "--dry-run"])',
+    ),
 }
 BUDGET_COMMANDS = {
     "uv run python -m budgets --lab labs/grpo-first",
