@@ -52,7 +52,10 @@ def test_model_is_deterministic_and_qwen3(tmp_path):
 def test_cache_is_built_once_and_reloads_offline(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from grpolab import tiny_model
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setitem(tiny_model.WARM_START, "steps", 2)  # the recipe's shape, not its length
     path = ensure_tiny_model(tmp_path / "tiny")
     stamp = (path / "config.json").stat().st_mtime_ns
     assert ensure_tiny_model(tmp_path / "tiny") == path
@@ -61,7 +64,71 @@ def test_cache_is_built_once_and_reloads_offline(tmp_path, monkeypatch):
     tok = AutoTokenizer.from_pretrained(path)
     out = model(**tok("What is 1 + 2?", return_tensors="pt"))
     assert out.logits.shape[-1] == model.config.vocab_size
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"], "no staging folder left behind"
+    left = sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock"))
+    assert left == ["tiny"], "no staging folder left behind"
+
+
+def test_two_first_runs_build_the_model_once(tmp_path):
+    """Two labs started together on a fresh machine: one builds, the other waits and loads it."""
+    import subprocess
+    import sys
+
+    from conftest import REPO_ROOT
+
+    script = (
+        "import sys, os; from grpolab import tiny_model\n"
+        "tiny_model.WARM_START['steps'] = 20\n"
+        "real = tiny_model.warm_start\n"
+        "def counted(*a, **k):\n"
+        f"    open({str(tmp_path / 'builds.txt')!r}, 'a').write(str(os.getpid()) + '\\n')\n"
+        "    return real(*a, **k)\n"
+        "tiny_model.warm_start = counted\n"
+        f"print(tiny_model.ensure_tiny_model(tiny_model.Path({str(tmp_path / 'tiny')!r})))\n"
+    )
+    runs = [
+        subprocess.Popen([sys.executable, "-c", script], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outputs = [run.communicate(timeout=300)[0].strip() for run in runs]
+    assert [run.returncode for run in runs] == [0, 0]
+    assert outputs[0] == outputs[1] == str(tmp_path / "tiny")
+    assert len((tmp_path / "builds.txt").read_text().split()) == 1
+
+
+def test_the_cached_model_is_recognised_by_its_recipe(monkeypatch):
+    from grpolab import tiny_model
+
+    before = tiny_model.default_cache()
+    monkeypatch.setitem(tiny_model.WARM_START, "steps", 201)
+    assert tiny_model.default_cache() != before, "a changed recipe must not reuse the old model"
+
+
+def test_the_warm_started_model_answers_in_the_format_now_and_then():
+    """Like a base model: the format sometimes (so a group of 16 usually holds a success to learn
+    from), the right answer almost never (so there is something left to learn)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from task import get_task
+
+    path = ensure_tiny_model()  # the lab's own cached model
+    model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    torch.manual_seed(0)
+    task = get_task("addition")
+    rows = task.build_dataset(32, 11)
+    completions, targets = [], []
+    for row in rows:
+        prompt = tok.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+        inputs = tok(prompt, return_tensors="pt", add_special_tokens=False)
+        out = model.generate(
+            **inputs, do_sample=True, max_new_tokens=32, num_return_sequences=8, pad_token_id=0
+        )
+        completions += tok.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+        targets += [row["target"]] * 8
+    correctness, fmt = (f(None, completions, target=targets) for f in task.reward_funcs)
+    format_rate = sum(x > 0 for x in fmt) / len(fmt)
+    print(f"\nwarm-started tiny model: format {format_rate:.1%}, correct {sum(correctness) / len(fmt):.1%}")
+    assert 0.03 <= format_rate <= 0.5
+    assert sum(correctness) / len(fmt) < 0.02
 
 
 def test_an_interrupted_save_leaves_no_folder(tmp_path):
