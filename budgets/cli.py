@@ -89,6 +89,9 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--lab", help="read a lab's settings from LAB/lab.toml (the flags below override them)")
     ap.add_argument("--profile", default="gpu", help="the lab.toml profile: gpu (default) or cpu")
+    ap.add_argument(
+        "--task", help="the task whose longest prompt sets max_prompt_length (a lab's setting with --lab)"
+    )
     settings = ap.add_argument_group("settings (Plan fields; lab.toml uses the same names)")
     hints = typing.get_type_hints(Plan)
     for f in fields(Plan):
@@ -123,13 +126,25 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
     if given.get("full_finetuning"):
         given.setdefault("lora_rank", None)
     if args.lab:
-        from grpolab.settings import FLAGS, LabSettingsError, lab_settings
+        from grpolab.settings import FLAGS, LabSettingsError, check, lab_settings
 
+        lab_given = {k: v for k, v in given.items() if k in FLAGS}
+        if args.task:
+            lab_given["task"] = args.task
         try:
-            settings = lab_settings(args.lab, args.profile, {k: v for k, v in given.items() if k in FLAGS})
+            settings = lab_settings(args.lab, args.profile, lab_given)
+            check(settings)  # the lab's own checks: what the lab would refuse, the sheet refuses
         except LabSettingsError as err:
             raise BudgetError(str(err)) from None
         return settings.plan().with_(**{k: v for k, v in given.items() if k not in FLAGS})
+    if args.task and "max_prompt_length" not in given:
+        from grpolab.settings import chatml_chars
+        from task import UnknownTaskError, get_task
+
+        try:
+            given["max_prompt_length"] = chatml_chars(get_task(args.task).worst_case_prompt())
+        except UnknownTaskError as err:
+            raise BudgetError(f"task: {err}") from None
     if given.get("gpu") == "cpu":
         given.setdefault("fast_inference", False)
     if "num_generations" in given and "per_device_train_batch_size" not in given:

@@ -47,7 +47,7 @@ class LabSettings:
         lr_scheduler_type, warmup_steps, weight_decay, max_grad_norm, per_device_train_batch_size,
         gradient_accumulation_steps, vllm_importance_sampling_correction
     Parameters that control the run:
-        max_steps, num_prompts, seed, logging_steps, save_steps
+        max_steps, num_prompts, eval_prompts, seed, logging_steps, save_steps
     """
 
     chapter: str = setting("the chapter's name: its MLflow experiment and output folder")
@@ -93,6 +93,7 @@ class LabSettings:
     # --- the run -------------------------------------------------------------------------------
     max_steps: int = setting("optimizer steps")
     num_prompts: int = setting("training prompts to build")
+    eval_prompts: int = setting("held-out prompts scored greedily before and after training (0: no evaluation)")
     seed: int = setting("seed of the prompts, the adapter's init and sampling")
     logging_steps: int = setting("log every N steps")
     save_steps: int = setting("checkpoint every N steps")
@@ -108,9 +109,18 @@ class LabSettings:
 
     # --- derived ---------------------------------------------------------------------------------
     @property
-    def max_prompt_length(self) -> int:
-        """Prompts longer than this are dropped: prompt + completion must fit the sequence."""
+    def prompt_room(self) -> int:
+        """What max_seq_length leaves a prompt beside a full completion: longer prompts are dropped."""
         return self.max_seq_length - self.max_completion_length
+
+    @property
+    def max_prompt_length(self) -> int:
+        """The budget's prompt length: the task's longest prompt, rendered in the ChatML turns Qwen3
+        uses, counted as one token per character (a token is at least a character, so this bounds any
+        tokenizer's count), and never more than prompt_room."""
+        from task import get_task
+
+        return min(self.prompt_room, chatml_chars(get_task(self.task).worst_case_prompt()))
 
     @property
     def generation_batch_size(self) -> int:
@@ -256,6 +266,12 @@ def _check_model(s: LabSettings) -> None:
             f"model: no model at {s.model!r}: pass --model with a folder holding config.json, or a Hub id such "
             "as unsloth/Qwen3-4B"
         )
+
+
+def chatml_chars(messages: list[dict[str, str]]) -> int:
+    """Characters of `messages` as ChatML with the assistant's turn opened, special tokens included."""
+    turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return len(turns + "<|im_start|>assistant\n")
 
 
 def flag(name: str) -> str:

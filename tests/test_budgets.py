@@ -234,7 +234,8 @@ def test_gpu_profile_keeps_fp32_trainables():
 def test_a_new_group_size_keeps_the_prompts_per_step():
     plan = lab_plan(num_generations=4, max_completion_length=16)
     assert (plan.num_generations, plan.per_device_train_batch_size) == (4, 4)
-    assert (plan.max_completion_length, plan.max_prompt_length) == (16, 1024 - 16)
+    s = lab_settings(LAB, "gpu", {"num_generations": 4, "max_completion_length": 16})
+    assert (plan.max_completion_length, plan.max_prompt_length) == (16, s.max_prompt_length)
     assert (
         Plan(num_generations=8, per_device_train_batch_size=16)
         .with_num_generations(4)

@@ -239,3 +239,39 @@ def test_running_out_of_memory_leaves_a_failed_run_with_peak_phase_and_line(tmp_
         )["lines"]
     )
     assert not list((tmp_path / "outputs").glob("*/*/adapter")), "no adapter for a run that never trained"
+
+
+def test_held_out_accuracy_is_logged_before_and_after_training(cpu_lab_run):
+    s = lab_settings(LAB_DIR, "cpu")
+    client, run_id = cpu_lab_run["client"], cpu_lab_run["run"].info.run_id
+    for key in ("eval/accuracy", "eval/format_rate", "eval/mean_completion_length"):
+        points = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
+        assert [p.step for p in points] == [0, s.max_steps], key  # the base, then the adapter
+    metrics = cpu_lab_run["run"].data.metrics
+    assert {"eval/base_accuracy", "eval/adapter_accuracy", "eval/adapter_format_rate"} <= set(metrics)
+    out = cpu_lab_run["stdout"]
+    assert "Held-out, base: accuracy" in out and f"({s.eval_prompts} held-out prompts, greedy)" in out
+    print(f"held-out format rate: base {metrics['eval/base_format_rate']:.1%}, adapter {metrics['eval/adapter_format_rate']:.1%}")
+
+
+def test_the_run_doctors_verdict_is_printed_and_in_the_description(cpu_lab_run):
+    note = cpu_lab_run["run"].data.tags["mlflow.note.content"]
+    assert "Run doctor:" in note and "Run doctor:" in cpu_lab_run["stdout"]
+    doctor = note[note.index("Run doctor:") :]
+    assert doctor in cpu_lab_run["stdout"].replace("\n", " ") or doctor.split(".")[0] in cpu_lab_run["stdout"]
+
+
+def test_a_saved_adapter_is_evaluated_alone(cpu_lab_run, tmp_path):
+    adapter = REPO_ROOT / "outputs" / "grpo-first" / cpu_lab_run["run"].info.run_name / "adapter"
+    assert adapter.is_dir()
+    result = run_lab(["--eval-only", str(adapter)], tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Held-out, adapter: accuracy" in result.stdout
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = mlflow.search_runs(experiment_names=["grpo-first"], output_format="list")
+    assert run.info.status == "FINISHED" and run.data.tags["run_kind"] == "eval"
+    # The same adapter, the same greedy prompts: the training run's final figures come back.
+    trained = cpu_lab_run["run"].data.metrics
+    assert run.data.metrics["eval/adapter_format_rate"] == pytest.approx(trained["eval/adapter_format_rate"])
+    assert run.data.metrics["eval/base_accuracy"] == pytest.approx(trained["eval/base_accuracy"])
+    assert not (tmp_path / "outputs").exists(), "evaluating trains and saves nothing"

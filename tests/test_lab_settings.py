@@ -66,7 +66,22 @@ def test_the_plan_is_the_settings_under_the_same_names():
     assert len(shared) >= 15
     for name in shared:
         assert getattr(plan, name) == getattr(s, name), name
-    assert plan.max_prompt_length == s.max_seq_length - s.max_completion_length
+    assert plan.max_prompt_length == s.max_prompt_length <= s.max_seq_length - s.max_completion_length
+
+
+@pytest.mark.parametrize("task", ["addition", "countdown", "sorting"])
+def test_the_budgets_prompt_length_follows_the_task_and_bounds_its_tokens(task):
+    """The sheet's prompt is the task's longest, in ChatML, one token per character at most: the tiny
+    tokenizer's real count of that prompt never exceeds it, and it moves with --task."""
+    from grpolab.tiny_model import build_tokenizer
+    from task import get_task
+
+    s = lab_settings(LAB_DIR, "cpu", {"task": task})
+    messages = get_task(task).worst_case_prompt()
+    text = build_tokenizer().apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    tokens = len(build_tokenizer()(text, add_special_tokens=False)["input_ids"])
+    assert tokens <= s.max_prompt_length == len(text)
+    assert s.plan().max_prompt_length == s.max_prompt_length
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,187 @@
+"""The run doctor: from what TRL logged and the held-out evaluation, what held learning back.
+
+Each finding names the problem with the run's own numbers and one next step, as flags the lab
+accepts. The signs it reads, all logged by TRL every step:
+
+    frac_reward_zero_std         groups whose completions all scored the same: no advantage, no signal
+    completions/clipped_ratio    completions cut at max_completion_length: the answer never came
+    kl                           distance from the reference policy (beta > 0)
+    entropy                      how spread the policy's sampling still is
+    rewards/<fn>/mean            each reward; format up while correctness falls is reward hacking
+
+and the held-out accuracy before and after training (grpolab.evaluate).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from budgets.advice import lower, raise_, render
+
+# Thresholds, each a judgement call stated once.
+NO_SIGNAL_SHARE = 0.3  # a third of the groups teaching nothing is a run mostly spent idle
+CLIPPED_SHARE = 0.25  # a quarter of completions cut short
+KL_RISE = 2.0  # the last quarter's KL at least twice the second quarter's ...
+KL_FLOOR = 0.5  # ... and large in absolute terms (nats per token)
+ENTROPY_FALL = 0.25  # the last quarter's entropy under a quarter of the first's
+FLAT_SHARE = 0.02  # the reward moved by less than 2% of the most it pays
+FORMAT = "rewards/format_reward/mean"
+CORRECT = "rewards/correctness_reward/mean"
+MAX_REWARD = 1.2  # the tasks' correctness (1.0) plus format (0.2)
+
+
+@dataclass(frozen=True)
+class Finding:
+    name: str
+    message: str  # the numbers and the next step, one line
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.message}"
+
+
+def series(history: Sequence[dict[str, float]], key: str) -> list[float]:
+    return [row[key] for row in history if key in row]
+
+
+def no_signal(rows: Sequence[dict[str, float]]) -> list[float]:
+    """Per step, the share of groups whose completions all scored the same. TRL's own
+    frac_reward_zero_std misses groups whose std is a float's rounding away from zero (16 rewards of
+    0.2 give 1.5e-8, above torch.isclose's 1e-8), so a step whose reward_std is that small counts too."""
+    out = []
+    for row in rows:
+        share = row.get("frac_reward_zero_std")
+        if share is None:
+            continue
+        out.append(1.0 if row.get("reward_std", 1.0) < 1e-6 else share)
+    return out
+
+
+def quarters(values: list[float]) -> tuple[float, float, float, float]:
+    """Mean of each quarter of a series (short series repeat their values)."""
+    n = len(values)
+    cuts = [values[i * n // 4 : max((i + 1) * n // 4, i * n // 4 + 1)] for i in range(4)]
+    return tuple(statistics.fmean(c) for c in cuts)  # type: ignore[return-value]
+
+
+def diagnose(
+    history: Sequence[dict[str, float]],
+    values: dict[str, Any],
+    accepts: set[str],
+    before=None,
+    after=None,
+) -> list[Finding]:
+    """The findings for one run. `values`: the run's settings (what advice is rendered against);
+    `accepts`: the settings the lab's command line accepts; `before`/`after`: held-out results."""
+    rows = [row for row in history if "loss" in row or FORMAT in row]  # the per-step rows
+    findings: list[Finding] = []
+    if len(rows) < 4:
+        return findings
+
+    def advise(*changes) -> str:
+        return render(tuple(changes), values, accepts)
+
+    flat = no_signal(rows)
+    reward = series(rows, "reward")
+    if flat and statistics.fmean(flat) >= NO_SIGNAL_SHARE:
+        idle = sum(1 for f in flat if f >= 0.999)
+        level = statistics.fmean(reward) if reward else 0.0
+        correct = series(rows, CORRECT)
+        harder = "pick a harder task with --task" if "task" in accepts else "pick a harder task"
+        if level >= 0.9 * MAX_REWARD:
+            why, fix = "the task is too easy for the policy", harder
+        elif level > 0.05 and correct and max(correct) == 0:
+            why = "every completion earns the format and none the answer: the policy has nothing left it can learn"
+            fix = advise(raise_("num_generations"), raise_("temperature")) + ", or an easier task"
+        else:
+            why = "most groups scored nothing"
+            fix = advise(raise_("num_generations"), raise_("temperature"))
+        findings.append(
+            Finding(
+                "no_learning_signal",
+                f"in {statistics.fmean(flat):.0%} of groups every completion scored the same ({idle} of "
+                f"{len(flat)} steps had no signal at all; mean reward {level:.3f}): {why}: {fix}",
+            )
+        )
+
+    clipped = series(rows, "completions/clipped_ratio")
+    if clipped and statistics.fmean(clipped) >= CLIPPED_SHARE:
+        findings.append(
+            Finding(
+                "completions_cut",
+                f"{statistics.fmean(clipped):.0%} of completions were cut at max_completion_length "
+                f"{values.get('max_completion_length')} ({quarters(clipped)[3]:.0%} in the last quarter): the "
+                f"answer never came: {advise(raise_('max_completion_length'))}, or penalise length",
+            )
+        )
+
+    kl = series(rows, "kl")
+    if kl:
+        _, second, _, last = quarters(kl)
+        if last >= KL_FLOOR and last >= KL_RISE * max(second, 1e-9):
+            findings.append(
+                Finding(
+                    "kl_climbing",
+                    f"KL to the reference rose from {second:.3f} (second quarter) to {last:.3f} (last quarter): "
+                    f"the policy is drifting fast: {advise(lower('learning_rate'), raise_('beta'))}",
+                )
+            )
+
+    entropy = series(rows, "entropy")
+    if entropy:
+        first, _, _, last = quarters(entropy)
+        if first > 0 and last < ENTROPY_FALL * first:
+            findings.append(
+                Finding(
+                    "entropy_collapsed",
+                    f"entropy fell from {first:.3f} to {last:.3f}: the policy samples nearly one completion "
+                    f"per prompt, so groups stop differing: {advise(raise_('temperature'), lower('learning_rate'))}",
+                )
+            )
+
+    fmt, correct = series(rows, FORMAT), series(rows, CORRECT)
+    eval_fell = before is not None and after is not None and after.accuracy < before.accuracy
+    if fmt and correct:
+        fmt_first, _, _, fmt_last = quarters(fmt)
+        c_first, _, _, c_last = quarters(correct)
+        correct_fell = c_last < c_first - FLAT_SHARE * 1.0
+        if fmt_last > fmt_first + FLAT_SHARE * 0.2 and (correct_fell or eval_fell):
+            held_out = (
+                f", held-out accuracy {before.accuracy:.1%} -> {after.accuracy:.1%}" if eval_fell else ""
+            )
+            findings.append(
+                Finding(
+                    "reward_hacking",
+                    f"the format reward rose {fmt_first:.3f} -> {fmt_last:.3f} while correctness went "
+                    f"{c_first:.3f} -> {c_last:.3f}{held_out}: the policy learns the format, not the task: "
+                    f"{advise(lower('learning_rate'), raise_('beta'))}, and check the rewards pay only right answers",
+                )
+            )
+
+    if reward and not any(f.name == "no_learning_signal" for f in findings):
+        first, _, _, last = quarters(reward)
+        improved = after is not None and before is not None and after.accuracy > before.accuracy
+        if abs(last - first) < FLAT_SHARE * MAX_REWARD and not improved:
+            findings.append(
+                Finding(
+                    "reward_flat",
+                    f"the reward stayed at {first:.3f} -> {last:.3f} (first and last quarter) over {len(reward)} "
+                    f"steps: {advise(raise_('learning_rate'), raise_('max_steps'))}",
+                )
+            )
+    return findings
+
+
+def verdict(findings: list[Finding], before=None, after=None) -> str:
+    """One paragraph for the summary and the run's description."""
+    held_out = ""
+    if before is not None and after is not None:
+        held_out = (
+            f" Held-out accuracy {before.accuracy:.1%} -> {after.accuracy:.1%}, format "
+            f"{before.format_rate:.1%} -> {after.format_rate:.1%} (base -> adapter)."
+        )
+    if not findings:
+        return "Run doctor: nothing held learning back." + held_out
+    return f"Run doctor: {len(findings)} finding(s).{held_out} " + " ".join(f"[{f}]" for f in findings)
