@@ -110,6 +110,14 @@ def compute(plan: Plan, *, _alternative: bool = True) -> Sheet:
             "beta > 0: Unsloth's GRPO trainer takes reference log-probs from the base with the adapter "
             "disabled, so no reference copy is held (TRL's own trainer adds a frozen fp32 'ref' adapter)"
         )
+    if r.quant == "nf4" and "bnb-4bit" in str(p.model).lower() and not s.skip_modules and "cache" not in s.source:
+        notes.append(
+            f"{p.model} is a pre-quantized checkpoint whose own config is not in the local Hugging Face "
+            "cache: every linear is counted in NF4 from the shipped shape; Unsloth's dynamic 4-bit "
+            "checkpoints keep some modules in 16 bit (llm_int8_skip_modules), which the sheet reads "
+            "once the checkpoint has been downloaded"
+        )
+    notes.insert(0, f"model shape from {s.source}")
     all_lines = [ln for card in built.cards for ln in card.lines]
     notes.append(
         "estimates (to be settled by measurement): "

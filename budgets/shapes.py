@@ -8,6 +8,7 @@ local `config.json` or model folder.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,8 +153,25 @@ def _catalog_match(text: str) -> Path | None:
     return shipped[best] if best else None
 
 
+def hub_cache_config(model_id: str) -> Path | None:
+    """A Hub model's config.json in the local Hugging Face cache, if it was downloaded before: the
+    checkpoint's own config, with its quantization_config (what a pre-quantized checkpoint keeps in
+    16 bit). Read offline; nothing is fetched."""
+    if model_id.count("/") != 1 or model_id.startswith((".", "/", "~")):
+        return None
+    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"), "hub"
+    )
+    repo = Path(hub) / f"models--{model_id.replace('/', '--')}"
+    main = repo / "refs" / "main"
+    snapshots = [repo / "snapshots" / main.read_text().strip()] if main.is_file() else []
+    snapshots += sorted((repo / "snapshots").glob("*")) if (repo / "snapshots").is_dir() else []
+    return next((s / "config.json" for s in snapshots if (s / "config.json").is_file()), None)
+
+
 def load_shape(model: str | Path | ModelShape) -> ModelShape:
-    """A shape from a shipped name (any case), an HF-style id, a config.json path or a model folder."""
+    """A shape from a shipped name (any case), an HF-style id, a config.json path or a model folder.
+    A Hub id whose checkpoint is in the local Hugging Face cache is read from its own config.json."""
     if isinstance(model, ModelShape):
         return model
     text = str(model).strip()
@@ -171,6 +189,12 @@ def load_shape(model: str | Path | ModelShape) -> ModelShape:
             raise BudgetError(f"model: cannot read {path} as JSON ({exc.__class__.__name__})") from None
         name = cfg.get("_name") or (path.parent.name if path.name == "config.json" else path.stem)
         return _from_config(cfg, str(name), str(path))
+    cached = hub_cache_config(text)
+    if cached is not None:
+        cfg = json.loads(cached.read_text())
+        match = _catalog_match(text)
+        name = _display_name(match) if match else text.split("/")[-1]
+        return _from_config(cfg, name, f"{cached} (the checkpoint's own config, from the Hugging Face cache)")
     match = _catalog_match(text)
     if match is None:
         known = ", ".join(_display_name(p) for p in catalog().values())

@@ -566,3 +566,34 @@ def test_roofline():
     assert m["decode_tokens_per_s_step_ceiling"] == pytest.approx(
         m["tokens_per_step"] / m["generation_seconds_estimate"], rel=1e-3
     )
+
+
+def test_a_downloaded_checkpoints_own_quantization_config_is_read(tmp_path, monkeypatch):
+    """Unsloth's dynamic 4-bit checkpoints keep some linears in 16 bit; once the checkpoint is in the
+    Hugging Face cache, the sheet counts them at 2 B, not as NF4."""
+    model_id = "unsloth/Qwen3-4B-unsloth-bnb-4bit"
+    shipped = compute(Plan(model=model_id))
+    assert any("not in the local Hugging Face cache" in note for note in shipped.notes)
+    cfg = json.loads((ROOT / "budgets" / "models" / "qwen3-4b.json").read_text())
+    cfg["quantization_config"] = {
+        "llm_int8_skip_modules": ["lm_head", "model.layers.0.mlp", "model.layers.35.mlp"]
+    }
+    snapshot = tmp_path / f"models--{model_id.replace('/', '--')}" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps(cfg))
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("abc123")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    cached = compute(Plan(model=model_id))
+    assert "Hugging Face cache" in cached.notes[0]
+    from budgets.arithmetic import nf4_bytes
+
+    mlp = [
+        i * o
+        for m, (i, o) in load_shape("qwen3-4b").linear_shapes().items()
+        if m in ("gate_proj", "up_proj", "down_proj")
+    ]
+    diff = cached.line("base_weights").bytes - shipped.line("base_weights").bytes
+    # Two layers' MLPs (3 linears each) at 2 B per weight instead of NF4.
+    assert diff == 2 * sum(2 * n - nf4_bytes(n) for n in mlp)
+    assert "linears kept in 16 bit" in cached.line("base_weights").formula
