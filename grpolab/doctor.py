@@ -42,6 +42,11 @@ class Finding:
         return f"{self.name}: {self.message}"
 
 
+def step_rows(history: Sequence[dict[str, float]]) -> list[dict[str, float]]:
+    """The rows TRL logs once per step (not the end-of-training summary)."""
+    return [row for row in history if "loss" in row or FORMAT in row]
+
+
 def series(history: Sequence[dict[str, float]], key: str) -> list[float]:
     return [row[key] for row in history if key in row]
 
@@ -75,9 +80,9 @@ def diagnose(
 ) -> list[Finding]:
     """The findings for one run. `values`: the run's settings (what advice is rendered against);
     `accepts`: the settings the lab's command line accepts; `before`/`after`: held-out results."""
-    rows = [row for row in history if "loss" in row or FORMAT in row]  # the per-step rows
+    rows = step_rows(history)
     findings: list[Finding] = []
-    if len(rows) < 4:
+    if len(rows) < MIN_STEPS:
         return findings
 
     def advise(*changes) -> str:
@@ -174,8 +179,13 @@ def diagnose(
     return findings
 
 
-def verdict(findings: list[Finding], before=None, after=None) -> str:
+MIN_STEPS = 4  # fewer logged steps than this tell nothing about a trend
+
+
+def verdict(findings: list[Finding], before=None, after=None, steps: int | None = None) -> str:
     """One paragraph for the summary and the run's description."""
+    if steps is not None and steps < MIN_STEPS:
+        return f"Run doctor: {steps} logged step(s) are too few to read a trend from (it needs {MIN_STEPS})."
     held_out = ""
     if before is not None and after is not None:
         held_out = (

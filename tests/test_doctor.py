@@ -133,3 +133,12 @@ def test_every_flag_a_finding_names_is_one_the_lab_accepts():
 
 def test_a_short_run_is_not_diagnosed():
     assert diagnose(history()[:3], VALUES, set(FLAGS)) == []
+
+
+def test_a_run_too_short_to_read_says_so():
+    from grpolab.doctor import step_rows
+
+    rows = history()[:3]
+    assert verdict(diagnose(rows, VALUES, set(FLAGS)), steps=len(step_rows(rows))).startswith(
+        "Run doctor: 3 logged step(s) are too few"
+    )
