@@ -9,9 +9,9 @@ model out of the float16 autocast Unsloth's trainer would otherwise choose on a 
 
 Measured on the CPU profile (tiny Qwen3, 4-bit, 60 steps, 2 busy cores, one seed each): through
 Unsloth's trainer with `keep_float32` the format reward goes 0.006 -> 0.195 (first vs last ten
-steps), as through TRL's (0.005 -> 0.200); the first step costs 40-100 s more (torch.compile of
-Unsloth's GRPO kernels), the generation of the trainers 35-60 s, peak RSS ~160 MiB more, and the
-steps after it no more CPU time than TRL's. Neither trainer learns in 60 steps with
+steps), as through TRL's (0.005 -> 0.200). It costs more: generating the trainers 35-60 s, a
+first step of 38-100 s against TRL's 16-27 s (torch.compile of Unsloth's GRPO code), ~160 MiB more
+peak RSS, and 769 s of CPU for the 60 steps against TRL's 665 s. Neither trainer learns with
 `scale_rewards="none"` (0.005 -> 0.008 and 0.004 -> 0.024): at the CPU profile's learning rate the
 group-std scaling is what moves the tiny model. Under `loss_type="dr_grpo"` Unsloth's config turns
 an explicit `scale_rewards="group"` into "none"; `scale_rewards=None` keeps the scaling ("group").
