@@ -110,7 +110,12 @@ def compute(plan: Plan, *, _alternative: bool = True) -> Sheet:
             "beta > 0: Unsloth's GRPO trainer takes reference log-probs from the base with the adapter "
             "disabled, so no reference copy is held (TRL's own trainer adds a frozen fp32 'ref' adapter)"
         )
-    if r.quant == "nf4" and "bnb-4bit" in str(p.model).lower() and not s.skip_modules and "cache" not in s.source:
+    if (
+        r.quant == "nf4"
+        and "bnb-4bit" in str(p.model).lower()
+        and not s.skip_modules
+        and "cache" not in s.source
+    ):
         notes.append(
             f"{p.model} is a pre-quantized checkpoint whose own config is not in the local Hugging Face "
             "cache: every linear is counted in NF4 from the shipped shape; Unsloth's dynamic 4-bit "

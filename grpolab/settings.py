@@ -93,7 +93,9 @@ class LabSettings:
     # --- the run -------------------------------------------------------------------------------
     max_steps: int = setting("optimizer steps")
     num_prompts: int = setting("training prompts to build")
-    eval_prompts: int = setting("held-out prompts scored greedily before and after training (0: no evaluation)")
+    eval_prompts: int = setting(
+        "held-out prompts scored greedily before and after training (0: no evaluation)"
+    )
     seed: int = setting("seed of the prompts, the adapter's init and sampling")
     logging_steps: int = setting("log every N steps")
     save_steps: int = setting("checkpoint every N steps")

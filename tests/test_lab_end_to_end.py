@@ -251,7 +251,9 @@ def test_held_out_accuracy_is_logged_before_and_after_training(cpu_lab_run):
     assert {"eval/base_accuracy", "eval/adapter_accuracy", "eval/adapter_format_rate"} <= set(metrics)
     out = cpu_lab_run["stdout"]
     assert "Held-out, base: accuracy" in out and f"({s.eval_prompts} held-out prompts, greedy)" in out
-    print(f"held-out format rate: base {metrics['eval/base_format_rate']:.1%}, adapter {metrics['eval/adapter_format_rate']:.1%}")
+    print(
+        f"held-out format rate: base {metrics['eval/base_format_rate']:.1%}, adapter {metrics['eval/adapter_format_rate']:.1%}"
+    )
 
 
 def test_the_run_doctors_verdict_is_printed_and_in_the_description(cpu_lab_run):
