@@ -7,6 +7,8 @@ Estimates say where their constants come from.
 
 from __future__ import annotations
 
+import math
+
 from .formula import Term, nbytes, num
 from .shapes import ModelShape
 from .units import ceil_div
@@ -131,19 +133,41 @@ def saved_elems_per_token(shape: ModelShape, rank: int, targets: tuple[str, ...]
     return 4 * h + 3 * q + 4 * kv + 4 * f + rank * len(targets)
 
 
-# --- Logits: Unsloth's chunked log-prob kernel ---------------------------------------------------
+# --- Logits: Unsloth's fused linear log-probs ---------------------------------------------------
+# Unsloth's GRPO trainer computes each completion token's log-prob from the hidden states through
+# unsloth_zoo.fused_losses.fused_linear (the default since UNSLOTH_FUSED_LINEAR is unset): chunks of
+# rows of hidden states times lm_head, fp32 logits, never the whole batch's. Its chunk rule, ported
+# from fused_linear_rows with its defaults (the test runs the installed function):
+FUSED_MIN_LOGITS = 512 * 151936  # a chunk holds at least this many logits (512 rows of Qwen's vocab)
+FUSED_MAX_ROWS = 4096
+FUSED_BYTES_PER_LOGIT = 4  # UNSLOTH_LOGPROB_FP32_LOGITS=1 (the default): fp32 logits
+FUSED_CHUNK_BYTES = 2 << 30  # UNSLOTH_LOGPROB_CHUNK_GB=2, or half the free memory when less
 
-UNSLOTH_LOGPROB_CHUNK_GB = 2.0  # UNSLOTH_LOGPROB_CHUNK_GB default
-UNSLOTH_LOGPROB_MIN_ROWS = 512  # UNSLOTH_LOGPROB_MIN_ROWS default
-UNSLOTH_BYTES_PER_LOGIT = 8  # bf16 logits + their fp32 copy + bf16 grad, per Unsloth's own sizing
+
+def _pow2(x: float) -> int:
+    return 1 << max(math.ceil(math.log2(max(x, 1))), 0)
 
 
-def unsloth_logit_rows(vocab: int, n_rows: int) -> int:
-    """Rows of one chunk, as unsloth_zoo.fused_losses.chunked_logprob.chunked_logprob_rows picks them:
-    min(2 GiB / (vocab x 8 B), max(512, ceil(rows / 8))), at least 2, never more than the rows."""
-    rows = int(UNSLOTH_LOGPROB_CHUNK_GB * (1 << 30) / (vocab * UNSLOTH_BYTES_PER_LOGIT))
-    rows = min(rows, max(UNSLOTH_LOGPROB_MIN_ROWS, ceil_div(n_rows, 8)))
-    return min(max(rows, 2), n_rows)
+def fused_linear_rows(
+    n_rows: int, hidden: int, vocab: int, bytes_per_logit: int = FUSED_BYTES_PER_LOGIT
+) -> int:
+    """Rows per chunk: the power of two at or below n_rows x hidden / vocab (as Liger's kernel),
+    at least the rows of FUSED_MIN_LOGITS (at least 512), at most 4096 and what 2 GiB of logits hold."""
+    ideal = n_rows * hidden / max(vocab, 1)
+    rows = _pow2(ideal)
+    if rows > ideal:
+        rows //= 2
+    floor = _pow2(FUSED_MIN_LOGITS / max(vocab, 1))
+    if floor > FUSED_MIN_LOGITS / max(vocab, 1):
+        floor //= 2
+    floor = min(max(floor, 512), FUSED_MAX_ROWS)
+    rows = min(max(rows, floor), FUSED_MAX_ROWS)
+    rows = min(rows, max(FUSED_CHUNK_BYTES // max(vocab * bytes_per_logit, 1), 2))
+    return max(min(rows, max(n_rows, 1)), 1)
+
+
+# Whole-batch logits (chunked_logits false): bf16 logits + their fp32 copy + bf16 grad per logit.
+UNSLOTH_BYTES_PER_LOGIT = 8
 
 
 # --- The same quantities as formulas, for the lines of the sheet ----------------------------------

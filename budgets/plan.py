@@ -65,7 +65,7 @@ class Plan:
         "unsloth", "the GRPO trainer that runs: unsloth (its generated trainer) or trl (TRL's own)"
     )
     trainable_dtype_bytes: int | None = setting(
-        None, "bytes per LoRA param, grad and AdamW state (default: 4 on CUDA, 2 on cpu)"
+        None, "bytes per LoRA param, grad and AdamW state (default: 4; 2 under TRL's trainer on cpu)"
     )
     # --- generation --------------------------------------------------------------------------
     num_generations: int = setting(8, "completions per prompt (the group)")
@@ -291,7 +291,9 @@ def resolve(plan: Plan) -> Resolved:
         _whole("max_num_seqs", p.max_num_seqs)
     trainable = p.trainable_dtype_bytes
     if trainable is None:
-        trainable = 4 if card.cuda else 2  # Unsloth's CPU path trains the adapter in bf16
+        # PEFT keeps adapters in fp32; TRL's own trainer casts them to bf16 on a CPU (its
+        # grpo_trainer.__init__), Unsloth's keeps fp32 (measured, tests/test_unsloth_trainer.py).
+        trainable = 2 if not card.cuda and str(p.grpo_trainer).lower() == "trl" else 4
     elif isinstance(trainable, bool) or trainable not in (2, 4):
         raise BudgetError(f"trainable_dtype_bytes: must be 2 (bf16) or 4 (fp32), got {trainable!r}")
     elif not rank:

@@ -5,14 +5,15 @@ layout (`shard` > 1 splits weights, grads and states over FSDP cards)."""
 from __future__ import annotations
 
 from .arithmetic import (
+    FUSED_BYTES_PER_LOGIT,
     UNSLOTH_BYTES_PER_LOGIT,
     adam_state_bytes,
     base_weight_parts,
+    fused_linear_rows,
     kv_per_token_term,
     lora_params,
     lora_tensor_sizes,
     saved_elems_per_token,
-    unsloth_logit_rows,
 )
 from .formula import Term, given, nbytes, num, total
 from .plan import Resolved
@@ -229,16 +230,22 @@ def logits_line(r: Resolved) -> Line:
     p, s = r.plan, r.shape
     rows_all = p.per_device_train_batch_size * p.max_completion_length
     if p.chunked_logits:
-        rows = num(unsloth_logit_rows(s.vocab, rows_all)).named(
-            f"chunk rows min(2 GiB / (vocab x 8 B), max(512, {rows_all:,} rows / 8))"
+        rows = num(fused_linear_rows(rows_all, s.hidden, s.vocab)).named(
+            f"chunk rows: the power of 2 at or below {rows_all:,} rows x h / vocab, at least 512, at most 4096"
         )
-        note = "Unsloth's chunked log-prob kernel (unsloth_zoo chunked_logprob_rows)"
+        term = rows * num(s.vocab, "vocab") * nbytes(FUSED_BYTES_PER_LOGIT, "fp32 logits")
+        note = (
+            "Unsloth's fused linear log-probs (unsloth_zoo fused_linear_rows); on CUDA cards of 24.5 GiB or "
+            "less its tiled Triton pass holds less: an upper bound there"
+        )
     else:
         rows = num(p.per_device_train_batch_size, "batch") * num(p.max_completion_length, "completion")
+        term = (
+            rows
+            * num(s.vocab, "vocab")
+            * nbytes(UNSLOTH_BYTES_PER_LOGIT, "bf16 logits + fp32 copy + bf16 grad")
+        )
         note = "whole-batch logits"
-    term = (
-        rows * num(s.vocab, "vocab") * nbytes(UNSLOTH_BYTES_PER_LOGIT, "bf16 logits + fp32 copy + bf16 grad")
-    )
     return Line(name="logits", term=term, estimate=True, note=note, phases=TRAIN)
 
 
@@ -254,8 +261,7 @@ def _trainable_dtype(r: Resolved) -> tuple[int, str, str]:
     return (
         tb,
         dtype,
-        "measured on CPU: once train() starts, Unsloth casts the 'default' adapter to bf16 (grads and "
-        "AdamW states follow), even when the model is loaded in float32",
+        "measured on CPU: TRL's own GRPO trainer casts the 'default' adapter to bf16 (grads and AdamW states follow)",
     )
 
 

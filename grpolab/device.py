@@ -161,18 +161,3 @@ def unusable_gpu_message(nvml, cuda_runtime: str | None) -> str:
         f"NVML sees {name} (driver {driver}) but torch.cuda.is_available() is False: check CUDA_VISIBLE_DEVICES "
         "and that this torch is a CUDA build, or pass --profile cpu to run the CPU stand-in"
     )
-
-
-def trainer_precision(model, on_gpu: bool) -> dict[str, bool]:
-    """The trainer's bf16 / fp16 / use_cpu flags, from the dtype the model was really loaded in.
-
-    Not from torch.cuda.is_bf16_supported(): it says True on a T4 (it can make a bf16 tensor),
-    while Unsloth loads the model in float16 below compute capability 8, and Unsloth's trainer then
-    refuses bf16 ("Model is in float16 precision but you want to use bfloat16").
-    """
-    import torch
-
-    dtype = getattr(model, "dtype", None) or next(model.parameters()).dtype
-    if not on_gpu:
-        return {"bf16": False, "fp16": False, "use_cpu": True}
-    return {"bf16": dtype == torch.bfloat16, "fp16": dtype == torch.float16, "use_cpu": False}

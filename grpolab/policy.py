@@ -17,6 +17,7 @@ from unsloth import FastLanguageModel
 
 from grpolab.settings import LabSettings
 from grpolab.tiny_model import ensure_tiny_model
+from grpolab.unsloth_trainer import keep_float32
 
 
 def resolve_model_path(model: str) -> str:
@@ -41,6 +42,10 @@ def load_policy(s: LabSettings):
         gpu_memory_utilization=s.gpu_memory_utilization,
         max_lora_rank=s.max_lora_rank,
     )
+    if s.dtype == "float32":
+        # Unsloth's GPU loader marks a float32 request; its CPU loader does not, and without the mark
+        # Unsloth's GRPO trainer would switch the CPU stand-in to float16 autocast.
+        keep_float32(model)
     model = FastLanguageModel.get_peft_model(
         model,
         r=s.lora_rank,

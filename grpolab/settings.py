@@ -135,8 +135,8 @@ class LabSettings:
 
     @property
     def grpo_trainer(self) -> str:
-        """Which GRPO trainer runs: Unsloth's generated one on CUDA, TRL's on the CPU stand-in."""
-        return "unsloth" if self.profile == "gpu" else "trl"
+        """Which GRPO trainer runs: Unsloth's generated one, on both profiles (grpolab.unsloth_trainer)."""
+        return "unsloth"
 
     def plan(self):
         """The budget's Plan: the settings both share, under the same names."""

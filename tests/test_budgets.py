@@ -191,11 +191,11 @@ def test_cpu_profile_sheet():
     assert sheet.capacity_bytes == get_card("cpu").memory_bytes and sheet.fits
 
 
-def test_trainable_and_reference_lines_match_the_measured_cpu_run():
-    # Measured in the lab's CPU run (Unsloth 2026.10.9, TRL 1.15.0, PEFT 0.21.2, tiny-qwen3, r 16,
+def test_under_trls_trainer_the_cpu_adapter_is_bf16_with_an_fp32_ref_copy():
+    # Measured with TRL's own GRPOTrainer on the CPU profile (TRL 1.15.0, PEFT 0.21.2, tiny-qwen3, r 16,
     # beta 0.02): the "default" adapter, its grads and AdamW's exp_avg / exp_avg_sq are bf16 once
-    # training starts; TRL's frozen "ref" adapter is an fp32 copy of it.
-    sheet = compute(lab_plan("cpu"))
+    # training starts; the frozen "ref" adapter is an fp32 copy of it.
+    sheet = compute(lab_plan("cpu").with_(grpo_trainer="trl"))
     n = sheet.metrics["trainable_params"]
     assert sheet.inputs["trainable_dtype_bytes"] == 2
     assert sheet.line("lora_params").bytes == n * 2
@@ -203,13 +203,22 @@ def test_trainable_and_reference_lines_match_the_measured_cpu_run():
     assert sheet.line("optimizer_states").bytes == 2 * n * 2  # adamw_torch
     assert sheet.line("reference_policy").bytes == n * 4
     assert (
-        "x 2 B" in sheet.line("lora_params").formula and "measured on CPU" in sheet.line("lora_params").note
+        "x 2 B" in sheet.line("lora_params").formula
+        and "TRL's own GRPO trainer" in sheet.line("lora_params").note
     )
     assert "'ref' adapter" in sheet.line("reference_policy").formula
     assert sheet.metrics["train_state_bytes"] == sheet.line("base_weights").bytes + 8 * n
-    assert compute(lab_plan("cpu", beta=0.0)).line("reference_policy") is None
-    fp32 = compute(lab_plan("cpu").with_(trainable_dtype_bytes=4))
-    assert fp32.line("lora_params").bytes == n * 4 and fp32.line("optimizer_states").bytes == 8 * n
+    assert compute(lab_plan("cpu", beta=0.0).with_(grpo_trainer="trl")).line("reference_policy") is None
+
+
+def test_under_unsloths_trainer_the_cpu_adapter_stays_fp32_and_no_reference_is_held():
+    """The lab trains through Unsloth's generated trainer on both profiles (grpolab.unsloth_trainer)."""
+    sheet = compute(lab_plan("cpu"))
+    n = sheet.metrics["trainable_params"]
+    assert sheet.inputs["grpo_trainer"] == "unsloth" and sheet.inputs["trainable_dtype_bytes"] == 4
+    assert sheet.line("lora_params").bytes == sheet.line("lora_grads").bytes == n * 4
+    assert sheet.line("optimizer_states").bytes == 2 * n * 4
+    assert sheet.line("reference_policy") is None
 
 
 def test_the_reference_line_follows_the_trainer_that_runs():

@@ -62,19 +62,6 @@ def test_the_grpo_config_of_the_real_run_carries_every_setting(lab, tmp_path, mo
     assert not hasattr(config, "max_prompt_length"), "TRL 1.x bounds prompts by filtering, not by this field"
 
 
-def test_precision_follows_the_dtype_the_model_was_loaded_in():
-    """A T4 (sm_75): torch.cuda.is_bf16_supported() says True, Unsloth loads float16; the trainer
-    must ask for fp16, or Unsloth's trainer refuses ("Model is in float16 precision ...")."""
-    import torch
-
-    from grpolab.device import trainer_precision as precision
-
-    model = torch.nn.Linear(2, 2)
-    assert precision(model.to(torch.float16), on_gpu=True) == {"bf16": False, "fp16": True, "use_cpu": False}
-    assert precision(model.to(torch.bfloat16), on_gpu=True) == {"bf16": True, "fp16": False, "use_cpu": False}
-    assert precision(model.to(torch.float32), on_gpu=False) == {"bf16": False, "fp16": False, "use_cpu": True}
-
-
 def test_a_t4_gets_fp16_instead_of_bf16(lab_module, tmp_path, monkeypatch):
     import transformers.training_args as training_args
 

@@ -190,14 +190,16 @@ PROBE = textwrap.dedent(
         "max_abs_error": float((got - want).abs().max()),
         "fused_linear_calls": fused_linear.CALLS["logprobs"] - calls["logprobs"],
         "fused_linear_default": bool(chunked_logprob._FUSED_LINEAR),
-        "chunk_gb_default": chunked_logprob._CHUNK_GB,
-        "min_rows_default": chunked_logprob._MIN_ROWS,
-        "bytes_per_logit": chunked_logprob._BYTES_PER_LOGIT,
+        "chunk_gb_default": fused_linear._CHUNK_GB,
+        "fp32_logits_default": fused_linear._ACCURACY,
     }
-    cases = [(151936, 8 * 768), (151936, 16 * 32), (151936, 100_000), (128256, 4096), (259, 512), (32000, 3)]
+    # The fused path's chunk, with a 2 GiB budget (the default when half the free memory is more).
+    fused_linear._budget_bytes = lambda device: int(2.0 * 1024**3)
+    cases = [(151936, 2560, 8 * 768), (151936, 64, 16 * 32), (151936, 4096, 100_000), (128256, 4096, 4096),
+             (101, 64, 512), (32000, 2048, 3)]
     R["chunk_rows"] = [
-        [vocab, rows, chunked_logprob.chunked_logprob_rows(vocab, target_gb=2.0, n_rows=rows)]
-        for vocab, rows in cases
+        [vocab, hidden, rows, fused_linear.fused_linear_rows(rows, hidden, vocab, 4, None)]
+        for vocab, hidden, rows in cases
     ]
     out.write_text(json.dumps(R, default=str))
     '''
@@ -454,12 +456,12 @@ def test_unsloth_zoos_logprobs_are_exact_and_take_the_fused_linear_path(probe):
     assert logprobs["fused_linear_calls"] >= 1
 
 
-def test_the_budgets_chunk_rule_is_unsloth_zoos_chunked_logprob_rows(probe):
-    from budgets.arithmetic import UNSLOTH_BYTES_PER_LOGIT, UNSLOTH_LOGPROB_CHUNK_GB, unsloth_logit_rows
+def test_the_budgets_chunk_rule_is_unsloth_zoos_fused_linear_rows(probe):
+    """The budget's logits line is one chunk of the fused path: fused_linear_rows x vocab x 4 B."""
+    from budgets.arithmetic import FUSED_BYTES_PER_LOGIT, FUSED_CHUNK_BYTES, fused_linear_rows
 
     logprobs = probe["logprobs"]
-    assert logprobs["chunk_gb_default"] == UNSLOTH_LOGPROB_CHUNK_GB
-    assert logprobs["bytes_per_logit"] == UNSLOTH_BYTES_PER_LOGIT
-    for vocab, rows, zoo_rows in probe["chunk_rows"]:
-        # unsloth_zoo's rows per chunk; a chunk never holds more rows than there are.
-        assert unsloth_logit_rows(vocab, rows) == min(zoo_rows, rows), (vocab, rows)
+    assert logprobs["chunk_gb_default"] * 1024**3 == FUSED_CHUNK_BYTES
+    assert logprobs["fp32_logits_default"] == "1" and FUSED_BYTES_PER_LOGIT == 4
+    for vocab, hidden, rows, zoo_rows in probe["chunk_rows"]:
+        assert fused_linear_rows(rows, hidden, vocab) == zoo_rows, (vocab, hidden, rows)
