@@ -6,20 +6,40 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from grpolab.endings import signals_deferred
+
 
 def save_pretrained_atomically(model, tokenizer, final: Path) -> Path:
-    """`save_pretrained` both into a staging folder beside `final`, then rename it into place.
+    """`save_pretrained` both into a staging folder beside `final`, then swap it into place.
 
-    An interrupted save leaves no half-written folder that a later run would load.
+    An interrupted or failed save (a full disk) leaves `final` as it was, whole, and no staging
+    folder; a save that succeeds replaces it whole. Ctrl-C, SIGTERM and SIGHUP wait for the save to
+    end (`signals_deferred`), so a second Ctrl-C while the interrupted run saves its adapter does not
+    cut the save short; a failure (or SIGKILL) during it leaves at most a hidden `.<name>-*` folder.
     """
     final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
-    try:
-        model.save_pretrained(str(staging))
-        tokenizer.save_pretrained(str(staging))
-        if final.exists():
-            shutil.rmtree(final)
-        staging.rename(final)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with signals_deferred(f"saving {final}"):
+        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+        try:
+            model.save_pretrained(str(staging))
+            tokenizer.save_pretrained(str(staging))
+            _swap(staging, final)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return final
+
+
+def _swap(staging: Path, final: Path) -> None:
+    """Two renames: the old folder out of the way (kept until the new one is in place), the new in."""
+    if not final.exists():
+        staging.rename(final)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{final.name}-old-", dir=final.parent))
+    old.rmdir()
+    final.rename(old)
+    try:
+        staging.rename(final)
+    except BaseException:
+        old.rename(final)  # put the old one back
+        raise
+    shutil.rmtree(old, ignore_errors=True)

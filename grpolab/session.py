@@ -75,6 +75,23 @@ def parser(description: str) -> argparse.ArgumentParser:
         help="let memory grow by at most this much after loading (GPU: torch's allocator beyond what it "
         "holds; CPU: address space), to rehearse an out-of-memory",
     )
+    run.add_argument(
+        "--parent-run-id",
+        metavar="RUN_ID",
+        help="open this run as a child of that MLflow run, held open by another process (a sweep's cell)",
+    )
+    run.add_argument(
+        "--rehearse",
+        action="store_true",
+        help="before downloading anything: the lab's model shape with random weights (built offline, "
+        "saved in 4-bit), a few steps, every budget line measured",
+    )
+    run.add_argument(
+        "--eval-only",
+        type=Path,
+        metavar="ADAPTER",
+        help="train nothing: score a saved adapter (and the base) on the held-out prompts",
+    )
     add_flags(ap)
     return ap
 
@@ -96,6 +113,7 @@ class Run:
     tokenizer: Any = None
     adapter_dir: Path | None = None
     comparison: Any = None
+    evals: dict[str, Any] = field(default_factory=dict)  # "base" before training, "adapter" after
     summary: list[str] = field(default_factory=list)
 
     @property
@@ -107,37 +125,72 @@ class Run:
     def load_policy(self):
         """The 4-bit base with its LoRA adapter, loaded and measured as the "load" phase."""
         from grpolab import policy
+        from grpolab.unsloth_trainer import grpo_trainer_class
 
         with self.meter.probe.phase("load"):
             model, self.tokenizer = policy.load_policy(self.settings)
+        # From here `from trl import GRPOTrainer` is Unsloth's generated trainer on both profiles: on a
+        # GPU `import unsloth` swaps it in; on the CPU stand-in an internal import does the same.
+        grpo_trainer_class()
         if self.options.memory_cap_gib is not None:
             self.meter.probe.cap(self.options.memory_cap_gib)  # rehearse an out-of-memory on purpose
         return model, self.tokenizer
 
     def precision(self, model) -> dict[str, bool]:
-        """bf16 / fp16 as the model was really loaded (fp16 on a T4), or the CPU."""
-        from grpolab.device import trainer_precision
+        """bf16 / fp16 as the model was really loaded (fp16 on a T4), and use_cpu on the CPU stand-in."""
+        from grpolab.precision import model_dtype, trainer_precision
 
-        return trainer_precision(model, self.device.on_gpu)
+        return {
+            **trainer_precision(model_dtype(model), self.device.on_gpu),
+            "use_cpu": not self.device.on_gpu,
+        }
 
     def train(self, trainer) -> None:
         """Train, with every generation and training pass measured; logs what really trains."""
+        import mlflow
+
         from grpolab import tracking
 
         self.trainer = trainer
         self.meter.attach(trainer)
         tracking.log_trainer_args(trainer.args)
+        mlflow.set_tag("trainer_class", type(trainer).__name__)
+        self.evaluate("base", step=0)  # the adapter starts at zero: this is the base model
         with self.meter.probe.phase("train"):
             trainer.train()
+
+    def evaluate(self, which: str, step: int) -> None:
+        """Held-out accuracy, format rate and length of `which` ("base" or "adapter"), logged as eval/*."""
+        import mlflow
+
+        from grpolab.evaluate import evaluate
+
+        if self.settings.eval_prompts == 0 or self.trainer is None:
+            return
+        with self.meter.probe.phase(f"eval_{which}"):
+            result = evaluate(self.trainer.model, self.tokenizer, self.settings, which, self.adapter_dir)
+        self.evals[which] = result
+        mlflow.log_metrics(result.metrics(), step=step)
+        mlflow.log_metrics(
+            {f"eval/{which}_{k.removeprefix('eval/')}": v for k, v in result.metrics().items()}
+        )
 
 
 def run_lab(lab_dir: Path, train: Callable[[Run], None], argv: list[str] | None = None, doc: str = "") -> int:
     """Parse, check, budget, run `train` inside a measured MLflow run; returns the exit code."""
     args = parser(doc.split("\n\n")[0] if doc else "").parse_args(argv)
+    from grpolab import endings, store, tracking
+
+    try:  # first: a wrong tracking URI costs seconds and one line, not a loaded model
+        store.require(tracking.tracking_uri())
+    except store.StoreError as err:
+        return _refuse(err)
     try:
         device, settings, sheet, card_note = prepare(lab_dir, args)
     except (LabSettingsError, BudgetError) as err:
         return _refuse(err)
+    if args.eval_only is not None:
+        return evaluate_saved(settings, device, args, card_note)
     try:
         dataset = prompts(settings)
     except LabSettingsError as err:  # found only once the tokenizer exists (prompt lengths)
@@ -148,9 +201,54 @@ def run_lab(lab_dir: Path, train: Callable[[Run], None], argv: list[str] | None 
     except OutOfMemory as err:
         print(f"\nerror: {err}", file=sys.stderr)  # on a line of its own, after the progress bar
         return EXIT_OUT_OF_MEMORY
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    except endings.DiskFull as err:
+        print(f"\nerror: {err}", file=sys.stderr)
+        return endings.EXIT_DISK_FULL
+    except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP: 130, 143, 129 as a shell reports them
+        return endings.exit_code(stop)
     print("\n".join(run.summary))
+    return 0
+
+
+def evaluate_saved(settings, device, args, card_note: str) -> int:
+    """`--eval-only ADAPTER`: the base and a saved adapter on the held-out prompts, in a run of
+    its own (tag run_kind=eval); nothing is trained or saved."""
+    from grpolab import policy  # Unsloth first: it patches transformers and TRL
+
+    # isort: split
+    import mlflow
+
+    from grpolab import tracking
+    from grpolab.evaluate import evaluate, load_adapter
+
+    adapter = args.eval_only.expanduser().resolve()
+    if not (adapter / "adapter_model.safetensors").is_file():
+        return _refuse(
+            LabSettingsError(f"eval-only: no adapter at {adapter}: pass the adapter folder a lab run saved")
+        )
+    settings = settings.replace(eval_prompts=settings.eval_prompts or 32)
+    tags = {
+        "profile": settings.profile,
+        "chapter": settings.chapter,
+        "run_kind": "eval",
+        "adapter": str(adapter),
+    }
+    with tracking.lab_run(
+        settings.chapter, f"eval-{tracking.run_name(settings.profile)}", tags
+    ) as mlflow_run:
+        tracking.log_context(settings, device, card_note)
+        model, tokenizer = policy.load_policy(settings)
+        load_adapter(model, adapter)
+        results = [evaluate(model, tokenizer, settings, which, adapter) for which in ("base", "adapter")]
+        for step, result in enumerate(results):
+            mlflow.log_metrics(result.metrics(), step=step)
+            mlflow.log_metrics(
+                {f"eval/{result.which}_{k.removeprefix('eval/')}": v for k, v in result.metrics().items()}
+            )
+        note = " ".join(f"Held-out, {r.line()}." for r in results)
+        mlflow.set_tag("mlflow.note.content", note)
+    print("\n".join(f"Held-out, {r.line()}" for r in results))
+    print(f"MLflow run {mlflow_run.info.run_id}: {tracking.run_url(mlflow_run)}")
     return 0
 
 
@@ -181,6 +279,11 @@ def prepare(lab_dir: Path, args: argparse.Namespace):
     )
     settings = lab_settings(lab_dir, profile, overrides_from(args))
     check(settings)
+    cannot: list[str] = []
+    if args.rehearse:
+        from grpolab.rehearsal import rehearsal_settings
+
+        settings, cannot = rehearsal_settings(settings)
     plan = settings.plan()
     card_note = f"{settings.gpu} (lab.toml)"
     if device.on_gpu and "gpu" not in settings.overridden:
@@ -193,9 +296,28 @@ def prepare(lab_dir: Path, args: argparse.Namespace):
     print(sheet.table(accepts=FLAGS), f"\nbudget card: {card_note}", flush=True)
     if not args.ignore_budget:
         sheet.require_fits(accepts=FLAGS)
-    if profile == "cpu":
+    if profile == "cpu" and not args.rehearse:
         announce_cpu(settings)
+    if args.rehearse:
+        settings = rehearse(settings, cannot)
     return device, settings, sheet, card_note
+
+
+def rehearse(s: LabSettings, cannot: list[str]) -> LabSettings:
+    """Build (or reuse) the rehearsal checkpoint of the lab's model and point the settings at it."""
+    from grpolab import rehearsal
+
+    print(
+        f"\n=== Rehearsal: {s.model} with random weights, built offline, {s.max_steps} steps ===\n"
+        "  The shapes, the loader, the trainer and every budget line are the real run's; the rewards mean\n"
+        "  nothing (random weights), and every completion runs to max_completion_length (the worst case).",
+        flush=True,
+    )
+    for line in cannot:
+        print(f"  {line}", flush=True)
+    path, source = rehearsal.build(s.model)
+    print(f"  shape: {source}\n  checkpoint: {path}\n", flush=True)
+    return s.replace(model=str(path))
 
 
 def announce_cpu(s: LabSettings) -> None:
@@ -232,11 +354,11 @@ def prompts(s: LabSettings):
         return {"prompt_tokens": len(tokenizer(text, add_special_tokens=False)["input_ids"])}
 
     dataset = dataset.map(prompt_tokens)
-    kept = dataset.filter(lambda row: row["prompt_tokens"] <= s.max_prompt_length)
+    kept = dataset.filter(lambda row: row["prompt_tokens"] <= s.prompt_room)
     if len(kept) == 0:
         raise LabSettingsError(
             f"max_completion_length: every prompt is longer than max_seq_length - max_completion_length = "
-            f"{s.max_prompt_length} tokens (longest: {max(dataset['prompt_tokens'])}): lower "
+            f"{s.prompt_room} tokens (longest: {max(dataset['prompt_tokens'])}): lower "
             "--max-completion-length or raise --max-seq-length"
         )
     return kept
@@ -251,7 +373,7 @@ def session(
     Ctrl-C ends the run KILLED with the adapter trained so far; an out-of-memory error ends it FAILED
     with the phase, the peak and the line to blame, and raises OutOfMemory with the next step.
     """
-    from grpolab import tracking
+    from grpolab import endings, tracking
     from grpolab.meter import Meter
     from grpolab.oom import is_out_of_memory
     from grpolab.probe import MemoryProbe
@@ -261,7 +383,7 @@ def session(
         import torch
 
         torch.cuda.memory._record_memory_history(max_entries=100_000)  # for a snapshot on OOM
-    name = tracking.run_name(settings.profile)
+    name = tracking.run_name(("rehearse-" if getattr(args, "rehearse", False) else "") + settings.profile)
     run = Run(
         settings, sheet, device, args, dataset, args.output_dir / settings.chapter / name, Meter(probe, sheet)
     )
@@ -270,26 +392,37 @@ def session(
         "backend": settings.backend,
         "model_id": settings.model,
         "chapter": settings.chapter,
+        "run_kind": "rehearsal" if getattr(args, "rehearse", False) else "train",
     }
     try:
         with tracking.lab_run(
-            settings.chapter, name, tags, args.system_metrics_interval, nested
+            settings.chapter,
+            name,
+            tags,
+            args.system_metrics_interval,
+            nested,
+            getattr(args, "parent_run_id", None),
         ) as mlflow_run:
             run.mlflow_run = mlflow_run
             tracking.log_context(settings, device, card_note)
             tracking.log_sheet(sheet)
             try:
                 yield run
-            except KeyboardInterrupt:
-                # Keep what was trained and what was measured; the run ends KILLED.
+            except KeyboardInterrupt as stop:
+                # Ctrl-C, SIGTERM or SIGHUP: keep what was trained and what was measured; the run ends
+                # KILLED, its description opening with the signal and the step.
+                cause = endings.record_stop(stop, run)
                 _save_adapter(run)
-                _log_measurement(run, "KILLED")
+                _log_measurement(run, "KILLED", _doctor(run))
                 print(
-                    f"\nInterrupted: run {mlflow_run.info.run_id} ends KILLED; the adapter so far is in {run.output_dir}"
+                    f"\n{cause}: run {mlflow_run.info.run_id} ends KILLED; the adapter so far is in {run.output_dir}"
                 )
                 raise
             except Exception as error:
+                if endings.is_disk_full(error, run.output_dir):  # a checkpoint the trainer could not write
+                    raise endings.disk_full(error, run) from error
                 if not is_out_of_memory(error):
+                    endings.record_failure(error, run)
                     raise
                 raise OutOfMemory(_log_out_of_memory(run, error)) from error
             _save_adapter(run)
@@ -297,28 +430,49 @@ def session(
                 import mlflow
 
                 mlflow.log_artifacts(str(run.adapter_dir), artifact_path="adapter")
-            _log_measurement(run, "FINISHED")
+                run.evaluate("adapter", step=run.trainer.state.global_step)
+            doctor = _doctor(run)
+            _log_measurement(run, "FINISHED", doctor)
     finally:
         probe.stop()
     run.summary += [
         f"\nAdapter saved to {run.adapter_dir}",
+        *[f"Held-out, {result.line()}" for result in run.evals.values()],
         *run.comparison.peak_lines(),
         run.comparison.verdict(),
+        doctor,
         f"MLflow run {run.mlflow_run.info.run_id} in {tracking.tracking_uri()}",
         f"Open it: uv run mlflow ui --backend-store-uri {tracking.tracking_uri()}, then {tracking.run_url(run.mlflow_run)}",
     ]
 
 
 def _save_adapter(run: Run) -> None:
+    """The adapter, saved atomically; a full disk ends the run FAILED (endings.DiskFull)."""
+    from grpolab import endings
     from grpolab.atomic import save_pretrained_atomically
 
     if run.trainer is not None:
-        run.adapter_dir = save_pretrained_atomically(
-            run.trainer.model, run.tokenizer, run.output_dir / "adapter"
-        )
+        try:
+            run.adapter_dir = save_pretrained_atomically(
+                run.trainer.model, run.tokenizer, run.output_dir / "adapter"
+            )
+        except Exception as error:
+            if not endings.is_disk_full(error, run.output_dir):
+                raise
+            raise endings.disk_full(error, run) from error
 
 
-def _log_measurement(run: Run, status: str) -> None:
+def _doctor(run: Run) -> str:
+    """The run doctor's verdict on what TRL logged and the held-out evaluation."""
+    from grpolab import doctor
+
+    values = {name: getattr(run.settings, name) for name in FLAGS}
+    before, after = run.evals.get("base"), run.evals.get("adapter")
+    findings = doctor.diagnose(run.meter.history, values, set(FLAGS), before, after)
+    return doctor.verdict(findings, before, after, steps=len(doctor.step_rows(run.meter.history)))
+
+
+def _log_measurement(run: Run, status: str, doctor: str = "") -> None:
     from grpolab import comparison, tracking
     from grpolab.probe import MEMORY_LABELS
 
@@ -327,6 +481,7 @@ def _log_measurement(run: Run, status: str) -> None:
         run.sheet, meter.lines(), meter.probe.process_peak_bytes, run.device.on_gpu
     )
     note = c.verdict() + ("" if status == "FINISHED" else f" (run ended {status}: figures so far)")
+    note += f"\n\n{doctor}" if doctor else ""
     figure = comparison.chart(c, meter.step_peaks, run.sheet.total_bytes)
     tracking.log_comparison(c, figure, meter.probe.summary(), MEMORY_LABELS, note)
 

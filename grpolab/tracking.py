@@ -4,9 +4,13 @@ Runs go to `MLFLOW_TRACKING_URI` when it is set, else to `mlflow.db` (SQLite) at
 root; a SQLite store keeps its artifacts beside it under `mlruns/<chapter>`. The README's UI
 command opens that same store. One experiment per chapter.
 
-A run that does not finish never says FINISHED: `lab_run` ends it as KILLED on Ctrl-C and FAILED on
-any exception, keeping what was logged before. Each budget line is logged as a section of its own
-(`kv_cache/budget`, `kv_cache/measured`, ...) so the UI's metrics view shows the pair together.
+A run that does not finish never says FINISHED: `lab_run` ends it as KILLED on Ctrl-C, SIGTERM or
+SIGHUP and FAILED on any exception, keeping what was logged before, with the cause in its tag `ending`
+and at the top of its description; runs whose process died without closing them are reconciled when
+the next lab starts (`grpolab.endings`). A new SQLite store is created and migrated under a lock, so
+two first runs started at once cannot race in MLflow's schema migration. Each budget line is logged
+as a section of its own (`kv_cache/budget`, `kv_cache/measured`, ...) so the UI's metrics view shows
+the pair together.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import importlib.metadata
 import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,6 +47,11 @@ LIBRARIES = (
 )
 
 
+# MLflow 3's UI reads the experiment's kind from this tag; "custom_model_development" is its Model
+# training kind (the UI's ExperimentKind enum), against "genai_development".
+EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
+
+
 def tracking_uri() -> str:
     """The store every lab, notebook and the README's UI command share."""
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{DEFAULT_DB}"
@@ -56,15 +66,46 @@ def use_store() -> str:
     return uri
 
 
-def experiment_id(chapter: str) -> str:
-    """The chapter's experiment, created on first use (artifacts under mlruns/ for the default store)."""
+def client():
+    """MLflow's client on the lab store. A new SQLite store is created and migrated here, under
+    `store.setup_lock`: two processes that open a new store at once would otherwise both migrate it
+    and one would die ("duplicate column name: step")."""
     import mlflow
 
-    use_store()
-    found = mlflow.get_experiment_by_name(chapter)
-    if found is not None:
-        return found.experiment_id
-    return mlflow.create_experiment(chapter, artifact_location=artifact_location(tracking_uri(), chapter))
+    from grpolab.store import setup_lock
+
+    uri = use_store()
+    with setup_lock(uri):
+        found = mlflow.MlflowClient(uri)
+        found.search_experiments(max_results=1)  # opens the store: creates and migrates a new one
+    return found
+
+
+def experiment_id(chapter: str) -> str:
+    """The chapter's experiment, created on first use (artifacts under mlruns/ for the default store);
+    under the store's set-up lock, so two first runs do not both create it."""
+    import mlflow
+
+    from grpolab.store import setup_lock
+
+    uri = use_store()
+    with setup_lock(uri):
+        found = mlflow.get_experiment_by_name(chapter)
+        if found is not None:
+            if found.tags.get(EXPERIMENT_KIND) != MODEL_TRAINING:  # a store from before the tag
+                mlflow.MlflowClient().set_experiment_tag(found.experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
+            return found.experiment_id
+        try:
+            return mlflow.create_experiment(
+                chapter,
+                artifact_location=artifact_location(uri, chapter),
+                tags={EXPERIMENT_KIND: MODEL_TRAINING},
+            )
+        except mlflow.exceptions.MlflowException:  # a tracking server: another lab created it first
+            found = mlflow.get_experiment_by_name(chapter)
+            if found is None:
+                raise
+            return found.experiment_id
 
 
 def artifact_location(uri: str, chapter: str) -> str | None:
@@ -94,14 +135,24 @@ def lab_run(
     tags: dict[str, str],
     system_metrics_interval_s: float | None = None,
     nested: bool = False,
+    parent_run_id: str | None = None,
 ) -> Iterator[Any]:
-    """Start an MLflow run and end it with the status it earned: FINISHED, FAILED or KILLED.
+    """Start an MLflow run and end it with the status it earned, and why: FINISHED; KILLED on Ctrl-C,
+    SIGTERM or SIGHUP (each raises `endings.Interrupted` while the run is open); FAILED on any
+    exception. The tag `ending` names the cause (finished, SIGTERM, exception, out of memory, disk
+    full, ...); a run nobody described gets a description naming it.
 
-    With `system_metrics_interval_s`, MLflow's own system metrics (CPU, RAM, and GPU memory
-    through NVML) are sampled at that interval beside the lab's probe.
+    First, runs of this host's store left RUNNING by a process that died are ended KILLED, a line
+    each. With `system_metrics_interval_s`, MLflow's own system metrics (CPU, RAM, and GPU memory
+    through NVML) are sampled at that interval beside the lab's probe. With `parent_run_id` the run
+    is nested under that run, which another process holds open (a sweep's cell under its sweep).
     """
     import mlflow
 
+    from grpolab import endings
+
+    for line in endings.reconcile(client()):
+        print(line, flush=True)
     if system_metrics_interval_s is not None:
         mlflow.set_system_metrics_sampling_interval(system_metrics_interval_s)
     run = mlflow.start_run(
@@ -110,22 +161,62 @@ def lab_run(
         tags={**tags, **process_tags()},
         log_system_metrics=system_metrics_interval_s is not None,
         nested=nested,
+        parent_run_id=parent_run_id,  # a run of another process (a sweep's cell): tag mlflow.parentRunId
     )
-    try:
-        yield run
-    except KeyboardInterrupt:
-        mlflow.end_run(status="KILLED")
-        raise
-    except BaseException:
-        mlflow.end_run(status="FAILED")
-        raise
-    else:
-        mlflow.end_run(status="FINISHED")
+    with endings.catching_signals():
+        try:
+            yield run
+        except KeyboardInterrupt as stop:
+            _end(run, "KILLED", endings.ending_of(stop), f"{endings.stop_cause(stop)}.")
+            raise
+        except BaseException as error:
+            _end(run, "FAILED", endings.ending_of(error), f"Failed: {endings.error_line(error)}.")
+            raise
+        else:
+            _end(run, "FINISHED", "finished")
+
+
+# Why each run of this process ended, as the harness described it: it opens the run's description.
+_ENDINGS: dict[str, str] = {}
+
+
+def describe_ending(ending: str, text: str) -> None:
+    """Tag the active run with its ending and open its description with `text` (the description
+    written later, `log_comparison`'s verdict, keeps it at the top). A second ending (a full disk
+    while an interrupted run saves) adds to the first."""
+    import mlflow
+
+    run_id = mlflow.active_run().info.run_id
+    _ENDINGS[run_id] = f"{_ENDINGS[run_id]} Then: {text}" if run_id in _ENDINGS else text
+    mlflow.set_tags({"ending": ending, "mlflow.note.content": _ENDINGS[run_id]})
+
+
+def _end(run, status: str, ending: str, cause: str | None = None) -> None:
+    """End the run; tag its ending and describe it when nothing else did. A signal that arrives
+    meanwhile waits until the run is closed."""
+    import mlflow
+
+    from grpolab import endings
+
+    with endings.signals_deferred("closing the MLflow run"):
+        try:
+            tags = mlflow.get_run(run.info.run_id).data.tags
+            if "ending" not in tags:
+                mlflow.set_tag("ending", ending)
+            if cause and not tags.get("mlflow.note.content"):
+                mlflow.set_tag("mlflow.note.content", cause)
+        except Exception as error:  # the store may be what failed; ending the run matters more
+            print(f"warning: could not record why the run ended: {error}", file=sys.stderr)
+        mlflow.end_run(status=status)
 
 
 def run_url(run, host: str = "http://127.0.0.1:5000") -> str:
-    """The run's page in the README's UI command."""
-    return f"{host}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+    """The run's metrics in the README's UI command, in the UI's Model training view: MLflow 3 opens in
+    its GenAI view unless the URL asks for `workflowType=machine_learning`."""
+    return (
+        f"{host}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}/model-metrics"
+        "?workflowType=machine_learning"
+    )
 
 
 def lock_hash(path: Path = REPO_ROOT / "uv.lock") -> str:
@@ -203,12 +294,13 @@ def log_comparison(c, figure, extra_metrics: dict[str, float], labels: dict[str,
     metrics["total/rel_error"] = c.total_rel_error
     metrics["total/unattributed"] = c.unattributed / GIB
     mlflow.log_metrics(metrics)
+    ending = _ENDINGS.get(mlflow.active_run().info.run_id)  # why the run ended, when it did not finish
     mlflow.set_tags(
         {
             "memory_labels": json.dumps(labels),
             "budget_unmeasured_lines": ",".join(c.unmeasured) or "none",
             "measured_unpaired": ",".join(c.unpaired_measured) or "none",
-            "mlflow.note.content": note,
+            "mlflow.note.content": f"{ending}\n\n{note}" if ending else note,
         }
     )
     mlflow.log_text(comparison.table(c), "memory/budget_vs_measured.md")

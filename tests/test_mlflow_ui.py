@@ -1,15 +1,19 @@
-"""The MLflow UI in a real browser: budget and measured memory side by side, the chart, the table.
+"""The MLflow UI in a real browser, as a newcomer meets it: the link the lab printed, no clicks.
 
-Starts the README's UI command (`uv run mlflow ui --backend-store-uri sqlite:///mlflow.db`)
-on loopback over the store the CPU lab run wrote, drives Debian's Chromium through
-Playwright, and saves screenshots. They go to pytest's temporary folder, so a test run leaves
-the checkout clean; `UPDATE_SCREENSHOTS=1 uv run pytest tests/test_mlflow_ui.py` rewrites the
-README's picture, docs/mlflow-budget-vs-measured.png.
+Starts the README's UI command (`uv run mlflow ui --backend-store-uri sqlite:///mlflow.db`) on
+loopback over the store the CPU lab run wrote, opens the run link the lab printed in Debian's
+Chromium through Playwright (a fresh profile: MLflow's assistant panel opens on first load, as it
+does for a newcomer), and checks that a budget line's budget and measured charts are on screen
+together in the Model training view; then the chart and the table among the artifacts. Screenshots
+go to pytest's temporary folder, so a test run leaves the checkout clean;
+`UPDATE_SCREENSHOTS=1 uv run pytest tests/test_mlflow_ui.py` rewrites the README's picture,
+docs/mlflow-budget-vs-measured.png.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -95,38 +99,61 @@ def page():
         browser.close()
 
 
-def run_url(base: str, run) -> str:
-    return f"{base}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+def run_url(base: str, run, tab: str = "") -> str:
+    return f"{base}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}{tab}?workflowType=machine_learning"
 
 
-def test_run_page_shows_budget_and_measured_side_by_side(mlflow_ui, page, cpu_lab_run, tmp_path):
+def printed_link(cpu_lab_run, base: str) -> str:
+    """The run link the lab printed, on the test's own port."""
+    (link,) = re.findall(r"then (http://127\.0\.0\.1:5000/\S+)", cpu_lab_run["stdout"])
+    return link.replace("http://127.0.0.1:5000", base)
+
+
+def test_the_printed_link_opens_budget_and_measured_together_in_the_model_training_view(
+    mlflow_ui, page, cpu_lab_run, tmp_path
+):
+    """A newcomer pastes the link the lab printed: no clicks, the run's metrics in the Model training
+    view, each budget line a section with its budget and measured charts side by side."""
+    link = printed_link(cpu_lab_run, mlflow_ui)
+    assert "workflowType=machine_learning" in link and "/model-metrics" in link
+    page.goto(link)
+    tab = page.get_by_role("tab", name="Model metrics")
+    tab.wait_for(timeout=120_000)
+    assert tab.get_attribute("aria-selected") == "true"
+    # MLflow groups metrics into sections by the part of the name before the first "/".
+    headers = page.locator('[data-testid="experiment-view-compare-runs-section-header"]')
+    header = headers.filter(has_text=re.compile(r"^base_weights")).first
+    header.wait_for(timeout=120_000)
+    page.get_by_text("measured", exact=True).first.wait_for(timeout=60_000)
+    top = header.bounding_box()["y"]
+    below = [
+        b["y"] for b in (headers.nth(i).bounding_box() for i in range(headers.count())) if b and b["y"] > top
+    ]
+    bottom = min(below, default=float("inf"))
+
+    def charts_in_section(title: str) -> list[dict]:
+        boxes = [loc.bounding_box() for loc in page.get_by_text(title, exact=True).all()]
+        return [b for b in boxes if b and top < b["y"] < bottom]
+
+    height = page.viewport_size["height"]
+    budget, measured = charts_in_section("budget"), charts_in_section("measured")
+    assert budget and measured, "the section lacks its budget or measured chart"
+    assert all(b["y"] >= 0 and b["y"] + b["height"] <= height for b in (budget[0], measured[0])), (
+        "the pair is not on screen together"
+    )
+    shot = (
+        README_SCREENSHOT
+        if os.environ.get("UPDATE_SCREENSHOTS") == "1"
+        else tmp_path / README_SCREENSHOT.name
+    )
+    page.screenshot(path=str(shot))
+    assert shot.stat().st_size > 10_000
+
+
+def test_artifact_view_opens_the_chart_and_the_table(mlflow_ui, page, cpu_lab_run):
     run = cpu_lab_run["run"]
-    page.goto(run_url(mlflow_ui, run))
-    page.get_by_text("FINISHED", exact=False).first.wait_for(timeout=60_000)
-    for name in (
-        "budget/lora_params",
-        "measured/lora_params",
-        "budget/base_weights",
-        "measured/base_weights",
-    ):
-        search = page.get_by_placeholder("Search metrics", exact=False)
-        if search.count():
-            search.first.fill(name)
-        page.get_by_text(name, exact=True).first.wait_for(timeout=30_000)
-    if page.get_by_placeholder("Search metrics", exact=False).count():
-        page.get_by_placeholder("Search metrics", exact=False).first.fill("lora_params")
-        page.wait_for_timeout(500)
-    page.screenshot(path=str(tmp_path / "run-page.png"), full_page=True)
-
-
-def test_artifact_view_opens_the_chart_and_the_table(mlflow_ui, page, cpu_lab_run, tmp_path):
-    run = cpu_lab_run["run"]
-    page.goto(run_url(mlflow_ui, run) + "/artifacts")
-    training = page.get_by_text("Model training", exact=True)
-    training.first.wait_for(timeout=60_000)
-    training.first.click()  # MLflow 3 opens in its GenAI view; the lab's runs are model training
-    page.goto(run_url(mlflow_ui, run) + "/artifacts")
-    page.get_by_text("memory", exact=True).first.click(timeout=60_000)
+    page.goto(run_url(mlflow_ui, run, "/artifacts"))
+    page.get_by_text("memory", exact=True).first.click(timeout=120_000)
     page.get_by_text("budget_vs_measured.md", exact=True).first.click(timeout=30_000)
     page.get_by_text("The budget", exact=False).first.wait_for(timeout=30_000)
     page.get_by_text("budget_vs_measured.png", exact=True).first.click(timeout=30_000)
@@ -135,14 +162,3 @@ def test_artifact_view_opens_the_chart_and_the_table(mlflow_ui, page, cpu_lab_ru
     ).first
     image.wait_for(timeout=30_000)
     assert image.evaluate("img => img.complete && img.naturalWidth > 0")
-    assistant = page.get_by_label("New Chat", exact=True)
-    if assistant.count():  # MLflow 3's assistant side panel: close it so the chart gets the width
-        page.get_by_label("Close", exact=True).click()
-        assistant.wait_for(state="hidden", timeout=10_000)
-    shot = (
-        README_SCREENSHOT
-        if os.environ.get("UPDATE_SCREENSHOTS") == "1"
-        else tmp_path / README_SCREENSHOT.name
-    )
-    page.screenshot(path=str(shot))
-    assert shot.stat().st_size > 10_000

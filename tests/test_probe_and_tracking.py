@@ -132,6 +132,11 @@ def test_a_run_ends_with_the_status_it_earned_and_keeps_what_it_logged(store, er
     finished = mlflow.get_run(run.info.run_id)
     assert finished.info.status == status
     assert finished.data.metrics["reward"] == 0.5
+    # Why it ended: a tag to filter on, and the cause as the description of a run that did not finish.
+    ending = {"FINISHED": "finished", "FAILED": "exception", "KILLED": "SIGINT"}[status]
+    assert finished.data.tags["ending"] == ending
+    note = {"FAILED": "Failed: ValueError: crash.", "KILLED": "Interrupted by SIGINT (Ctrl-C)."}.get(status)
+    assert finished.data.tags.get("mlflow.note.content") == note
     # Whose run it is: enough to tell later whether its process still lives.
     assert finished.data.tags["process.pid"] == str(os.getpid())
     assert float(finished.data.tags["process.start_time"]) > 0

@@ -1,0 +1,80 @@
+"""`python -m grpolab runs`: the runs left RUNNING in the lab's MLflow store, and whose process lives.
+
+    uv run python -m grpolab runs                # each RUNNING run: alive, dead, another host's, unknown
+    uv run python -m grpolab runs --reconcile    # end KILLED those whose process died (SIGKILL, OOM killer)
+
+The store is `MLFLOW_TRACKING_URI`, else the repository's mlflow.db (the labs' store). A run is
+ended only when it names a process of this host (tags process.host, process.pid,
+process.start_time) that no longer exists; runs of live processes, of other hosts and runs without
+those tags are listed, never touched. Each lab does the same reconciliation when it starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from grpolab import endings, store, tracking
+
+EXIT_BAD_INPUT = 2
+STATES = {
+    "alive": "its process is alive",
+    "dead": "its process died without closing it",
+    "other host": "from another host: not checked",
+    "unknown": "no process tags: not a lab run, not checked",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m grpolab", description=__doc__.split("\n\n")[0])
+    commands = ap.add_subparsers(dest="command", required=True)
+    runs = commands.add_parser("runs", help="list the runs left RUNNING and whether their process lives")
+    runs.add_argument(
+        "--reconcile",
+        action="store_true",
+        help="end KILLED the runs whose process died without closing them (SIGKILL, the OOM killer, a power "
+        "loss), with the last step and peak memory they logged",
+    )
+    return ap
+
+
+def runs(reconcile: bool) -> int:
+    uri = tracking.tracking_uri()
+    try:
+        store.require(uri)
+    except store.StoreError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    path = store.sqlite_path(uri)
+    if path is not None and not path.exists():
+        print(f"No MLflow store at {path} yet: no runs.")
+        return 0
+    client = tracking.client()
+    found = endings.open_runs(client)
+    if not found:
+        print(f"No run left RUNNING in {uri}.")
+        return 0
+    for run, experiment, state in found:
+        tags = run.data.tags
+        owner = f"pid {tags.get('process.pid', '?')} on {tags.get('process.host', '?')}"
+        print(f"{experiment}/{run.info.run_name} ({run.info.run_id}), {owner}: {STATES[state]}")
+    dead = [run for run, _, state in found if state == "dead"]
+    if reconcile:
+        for run in dead:
+            print(endings.end_dead_run(client, run))
+    elif dead:
+        print(
+            f"{len(dead)} run(s) whose process died: end them KILLED with `python -m grpolab runs --reconcile`"
+        )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "runs":
+        return runs(args.reconcile)
+    return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,371 @@
+"""How a run ends, whatever ends it: signals, a process that died, a full disk.
+
+Every MLflow run of a lab ends in a status that tells the truth, with the cause in its tag `ending`
+and at the top of its description (`mlflow.note.content`):
+
+- **Catchable signals.** Python turns only SIGINT into KeyboardInterrupt; SIGTERM (kill, timeout,
+  docker stop, a scheduler, a closed cloud session) and SIGHUP (a closed terminal) end the process
+  on the spot and leave its run RUNNING forever. While a run is open (`catching_signals`, entered
+  by `tracking.lab_run`) all three raise `Interrupted`, a KeyboardInterrupt that names its signal,
+  so the harness ends the run KILLED with what was measured and the adapter trained so far, whichever
+  arrived. A save in progress finishes first (`signals_deferred`, used by `grpolab.atomic`): a second
+  Ctrl-C leaves the old adapter or the new one, never half of one.
+- **Endings no process survives.** SIGKILL (kill -9, the Linux OOM killer when host memory runs out)
+  and a power loss leave nothing to catch. Every run records its process (tags process.host,
+  process.pid, process.start_time); `reconcile` ends KILLED the runs left RUNNING whose process is gone
+  from this host, with the last step and the peak memory they logged. Runs of live processes and of
+  other hosts are never touched. Each lab reconciles its store when it starts;
+  `python -m grpolab runs --reconcile` does it by hand.
+- **A full disk.** `is_disk_full` recognises it in the errors of the adapter save and of the
+  trainer's checkpoints; `disk_full` removes the half-written checkpoint and ends the run FAILED with
+  one line naming the folder and its free space.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import resource
+import shutil
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+EXIT_DISK_FULL = 4
+
+# The signals a run ends on, with who usually sends them (for the run's description).
+CATCHABLE = {
+    signal.SIGINT: "Ctrl-C",
+    signal.SIGTERM: "kill, timeout, docker stop, a scheduler or a closed cloud session",
+    signal.SIGHUP: "its terminal or SSH session closed",
+}
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, SIGTERM or SIGHUP while a run is open: handled like Ctrl-C, naming its signal."""
+
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        self.signum = signal.Signals(signum)
+        super().__init__(self.signum.name)
+
+
+class DiskFull(RuntimeError):
+    """No room to save the adapter or a checkpoint; the message is the one-line error."""
+
+    ending = "disk full"
+
+
+# --- catchable signals ----------------------------------------------------------------------------
+def signal_of(stop: BaseException) -> signal.Signals:
+    """The signal that stopped the run (a bare KeyboardInterrupt is Ctrl-C)."""
+    return getattr(stop, "signum", signal.SIGINT)
+
+
+def exit_code(stop: BaseException) -> int:
+    """What a shell reports for a process a signal ended: 128 + the signal (130 for Ctrl-C)."""
+    return 128 + signal_of(stop)
+
+
+def stop_cause(stop: BaseException, run: Any = None) -> str:
+    """The cause, as in "Stopped by SIGTERM (who sends it) at step 12 of 500"; no step without a run."""
+    sig = signal_of(stop)
+    verb = "Interrupted" if sig == signal.SIGINT else "Stopped"
+    where = f" {at_step(run)}" if run is not None else ""
+    return f"{verb} by {sig.name} ({CATCHABLE.get(sig, 'a signal')}){where}"
+
+
+def at_step(run: Any) -> str:
+    """Where a lab run was when it ended: "at step 12 of 500", or before training started."""
+    trainer = getattr(run, "trainer", None)
+    if trainer is None:
+        return "before training started"
+    return f"at step {trainer.state.global_step} of {run.settings.max_steps}"
+
+
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()  # only it may set handlers
+
+
+def _install(handler) -> dict:
+    # A signal ignored stays ignored: nohup ignores SIGHUP, a shell's background job SIGINT.
+    return {
+        signum: signal.signal(signum, handler)
+        for signum in CATCHABLE
+        if signal.getsignal(signum) != signal.SIG_IGN
+    }
+
+
+def _restore(previous: dict) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+
+
+def _interrupt(signum, frame) -> None:
+    raise Interrupted(signum)
+
+
+@contextmanager
+def catching_signals() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP raise `Interrupted` inside; the previous handlers come back after."""
+    if not _on_main_thread():
+        yield
+        return
+    previous = _install(_interrupt)
+    try:
+        yield
+    finally:
+        _restore(previous)
+
+
+@contextmanager
+def signals_deferred(what: str) -> Iterator[None]:
+    """Signals that arrive inside wait until `what` is done, then are delivered to the handler that
+    was there before (Interrupted inside a run, the default action outside one).
+
+    If the block itself fails, its error goes on and the waiting signals are dropped: the error
+    ends the run. SIGKILL and SIGQUIT (Ctrl-\\) still stop the process at once.
+    """
+    if not _on_main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def hold(signum, frame) -> None:
+        if not received:
+            name = signal.Signals(signum).name
+            os.write(
+                2, f"\n{name} received: finishing {what} first (Ctrl-\\ or kill -9 stops at once)\n".encode()
+            )
+        received.append(signum)
+
+    previous = _install(hold)
+    try:
+        yield
+    finally:
+        _restore(previous)
+    for signum in dict.fromkeys(received):
+        signal.raise_signal(signum)
+
+
+def record_stop(stop: BaseException, run: Any) -> str:
+    """Tag the open run with the signal that stopped it and open its description with the cause;
+    remove a checkpoint the signal cut short. Returns the cause, for the terminal."""
+    from grpolab import tracking
+
+    cause = stop_cause(stop, run)
+    tracking.describe_ending(signal_of(stop).name, f"{cause}.")
+    remove_partial_checkpoints(run.output_dir)
+    return cause
+
+
+def record_failure(error: BaseException, run: Any) -> None:
+    """Open the description of a run an exception ends with the error and where it happened."""
+    from grpolab import tracking
+
+    tracking.describe_ending("exception", f"Failed {at_step(run)}: {error_line(error)}.")
+
+
+def error_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:300]}" if text else type(error).__name__
+
+
+def ending_of(error: BaseException) -> str:
+    """The tag `ending` of a run that an error ended."""
+    from grpolab.oom import is_out_of_memory
+
+    if isinstance(error, KeyboardInterrupt):
+        return signal_of(error).name
+    if getattr(error, "ending", None):
+        return error.ending
+    chain = list(_chain(error))
+    if type(error).__name__ == "OutOfMemory" or any(is_out_of_memory(e) for e in chain):
+        return "out of memory"
+    if is_disk_full(error):
+        return "disk full"
+    return "exception"
+
+
+# --- a full disk ----------------------------------------------------------------------------------
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_OS_ERROR = re.compile(r"os error (\d+)")  # how safetensors (Rust) reports an errno
+# torch.save reports a failed write without its errno ("unexpected pos 576 vs 534", "file write
+# failed"): it counts as a full disk when the disk is nearly full or a file-size limit is set.
+_TORCH_WRITE_FAILED = ("PytorchStreamWriter failed", "file write failed", "unexpected pos", "iostream error")
+NEARLY_FULL_BYTES = 64 * 1024**2
+
+
+def _chain(error: BaseException | None) -> Iterator[BaseException]:
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def disk_errno(error: BaseException, folder: Path | None = None) -> int | None:
+    """ENOSPC, EDQUOT or EFBIG (a file-size limit) if `error` or one it came from is a failed write
+    for want of room, else None."""
+    for e in _chain(error):
+        if isinstance(e, OSError) and e.errno in DISK_ERRNOS:
+            return e.errno
+        found = _OS_ERROR.search(str(e))
+        if found and int(found.group(1)) in DISK_ERRNOS:
+            return int(found.group(1))
+        if isinstance(e, RuntimeError) and any(s in str(e) for s in _TORCH_WRITE_FAILED):
+            if resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY:
+                return errno.EFBIG
+            if folder is not None and free_bytes(folder) < NEARLY_FULL_BYTES:
+                return errno.ENOSPC
+    return None
+
+
+def is_disk_full(error: BaseException, folder: Path | None = None) -> bool:
+    return disk_errno(error, folder) is not None
+
+
+def free_bytes(folder: Path) -> int:
+    """Free bytes on the disk that holds `folder` (or its nearest existing parent)."""
+    folder = Path(folder).absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return shutil.disk_usage(folder).free
+
+
+def _size(n: int) -> str:
+    return f"{n / 1024**3:.1f} GiB" if n >= 1024**3 else f"{n / 1024**2:.1f} MiB"
+
+
+def is_checkpoint(path: Path) -> bool:
+    return path.is_dir() and re.fullmatch(r"checkpoint-\d+", path.name) is not None
+
+
+def partial_checkpoints(output_dir: Path) -> list[Path]:
+    """Checkpoint folders a save did not finish. transformers 5.17's `Trainer._save_checkpoint`
+    writes straight into checkpoint-N (the model, then optimizer, scheduler, RNG state) and
+    trainer_state.json last, so a folder without it was cut short; `resume_from_checkpoint` would
+    pick it as the latest. Earlier checkpoints are never touched by a failed save."""
+    if not Path(output_dir).is_dir():
+        return []
+    return sorted(
+        p for p in Path(output_dir).iterdir() if is_checkpoint(p) and not (p / "trainer_state.json").exists()
+    )
+
+
+def remove_partial_checkpoints(output_dir: Path) -> list[str]:
+    """Remove the checkpoints a save did not finish; returns their names. Each is first renamed out
+    of the checkpoint-N pattern, so even a removal cut short leaves nothing a resume would load."""
+    removed = []
+    for path in partial_checkpoints(output_dir):
+        doomed = path.with_name(f".{path.name}.partial-{os.getpid()}")
+        path.rename(doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+        removed.append(path.name)
+    return removed
+
+
+def disk_full(error: BaseException, run: Any) -> DiskFull:
+    """Record a full disk in the open run (tag `ending`, the description) after removing the
+    half-written checkpoint; returns the DiskFull to raise, whose message is the one-line error."""
+    from grpolab import tracking
+
+    output_dir = Path(run.output_dir)
+    partial = partial_checkpoints(output_dir)
+    folder = partial[-1] if partial else output_dir / "adapter"
+    what = f"the checkpoint {folder.name}" if partial else "the adapter"
+    code = disk_errno(error, output_dir) or errno.ENOSPC
+    free = free_bytes(folder)  # before the half-written files go: what the save ran into
+    if code == errno.EFBIG:
+        reason = f"{os.strerror(code)}: a file-size limit (ulimit -f) stopped the write"
+        fix = "raise the file-size limit (ulimit -f unlimited), or pass --output-dir on another disk"
+    else:
+        reason = os.strerror(code)
+        fix = "free some space, or pass --output-dir on a disk with room"
+    removed = remove_partial_checkpoints(output_dir)
+    kept = sorted((p.name for p in output_dir.glob("checkpoint-*") if is_checkpoint(p)), key=_step_of)
+    aftermath = []
+    if removed:
+        aftermath.append(f"the half-written {', '.join(removed)} was removed")
+    if kept:
+        aftermath.append(f"{kept[-1]} is intact")
+    message = f"no room to save {what} in {folder} ({reason}; {_size(free)} free on that disk): {fix}" + (
+        f" ({'; '.join(aftermath)})" if aftermath else ""
+    )
+    tracking.describe_ending(DiskFull.ending, f"Failed {at_step(run)}: {message}.")
+    return DiskFull(message)
+
+
+def _step_of(name: str) -> int:
+    return int(name.rsplit("-", 1)[1])
+
+
+# --- runs whose process died ----------------------------------------------------------------------
+def process_state(tags: dict[str, str]) -> str:
+    """Whether a run's process lives: alive, dead, other host, or unknown (no process tags: never
+    touched)."""
+    import psutil
+
+    host, pid, started = (tags.get(f"process.{k}") for k in ("host", "pid", "start_time"))
+    if not (host and pid and started):
+        return "unknown"
+    if host != socket.gethostname():
+        return "other host"
+    try:
+        process = psutil.Process(int(pid))
+        alive = process.status() != psutil.STATUS_ZOMBIE and abs(process.create_time() - float(started)) < 1.0
+    except psutil.NoSuchProcess:
+        alive = False
+    except psutil.AccessDenied:
+        alive = True  # it exists and is not ours to inspect
+    return "alive" if alive else "dead"
+
+
+def open_runs(client) -> list[tuple[Any, str, str]]:
+    """(run, experiment name, process state) of every run left RUNNING in the store."""
+    experiments = {e.experiment_id: e.name for e in client.search_experiments()}
+    if not experiments:
+        return []
+    runs = client.search_runs(list(experiments), "attributes.status = 'RUNNING'", max_results=1000)
+    return [(r, experiments[r.info.experiment_id], process_state(r.data.tags)) for r in runs]
+
+
+def end_dead_run(client, run) -> str:
+    """End KILLED a run whose process died without closing it; returns a line for the terminal."""
+    tags = run.data.tags
+    peaks = client.get_metric_history(run.info.run_id, "memory/step_peak_gib")
+    if peaks:
+        last = max(peaks, key=lambda p: (p.step, p.timestamp))
+        logged = (
+            f"Last step logged: {last.step}; peak memory logged: {max(p.value for p in peaks):.2f} GiB "
+            "(memory/step_peak_gib)"
+        )
+        end_ms = max(p.timestamp for p in peaks)
+    else:
+        logged, end_ms = "No step was logged before it died", int(time.time() * 1000)
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(tags["process.start_time"])))
+    note = (
+        f"The process (pid {tags['process.pid']} on {tags['process.host']}, started {started}) died without "
+        "closing its run: SIGKILL (kill -9, or the Linux OOM killer when host memory ran out) or a power "
+        f"loss. {logged}. Ended KILLED by reconciliation on {time.strftime('%Y-%m-%d %H:%M:%S')}."
+    )
+    if tags.get("mlflow.note.content"):
+        note += f"\n\nIts description before: {tags['mlflow.note.content']}"
+    client.set_tag(run.info.run_id, "ending", "process died")
+    client.set_tag(run.info.run_id, "mlflow.note.content", note)
+    client.set_terminated(run.info.run_id, "KILLED", end_time=end_ms)
+    return (
+        f"Ended run {run.info.run_name} ({run.info.run_id}) KILLED: its process {tags['process.pid']} died "
+        f"without closing it. {logged}."
+    )
+
+
+def reconcile(client) -> list[str]:
+    """End KILLED every run of this host left RUNNING by a process that no longer exists; returns a
+    line per run ended."""
+    return [end_dead_run(client, run) for run, _, state in open_runs(client) if state == "dead"]

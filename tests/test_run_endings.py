@@ -1,0 +1,693 @@
+"""Runs that never lie, whatever ends them: each ending read back through MLflow's client.
+
+Finish, exception, Ctrl-C, SIGTERM, SIGHUP, SIGKILL, out of memory (tests/test_lab_end_to_end.py)
+and a full disk each leave the run in a status that tells the truth, with the cause in its tag
+`ending` and its description. The store is checked before anything loads: a wrong tracking URI is
+one line and exit code 2 within seconds.
+
+The slow tests share one wave of real lab processes started at the same moment on a fresh store
+(which is also the test that two first runs on a new store are safe): two that finish, and one per
+signal, each sent its signal once the lab has printed two training steps. A full disk is a file-size
+limit (RLIMIT_FSIZE, set on the running lab with prlimit once its first checkpoint is written):
+Python ignores SIGXFSZ, so the trainer's next checkpoint write fails with EFBIG inside the real
+save, exactly where ENOSPC would, without root, a mount or a stand-in for the save.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from argparse import Namespace
+from pathlib import Path
+
+import mlflow
+import pytest
+import torch
+from conftest import HAS_CUDA, LAB_DIR, REPO_ROOT
+
+from grpolab import endings, tracking
+from grpolab.atomic import save_pretrained_atomically
+
+RECONCILE_COMMAND = ["uv", "run", "python", "-m", "grpolab", "runs", "--reconcile"]  # the README's
+
+
+def lab_env(uri: str) -> dict[str, str]:
+    return {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONUNBUFFERED": "1"}
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the socket goes: nothing listens there
+
+
+# --- the store, checked before anything loads -----------------------------------------------------
+def refused(uri: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, str(LAB_DIR / "train.py"), "--output-dir", str(tmp_path / "outputs")],
+        cwd=REPO_ROOT,
+        env=lab_env(uri),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return result, time.perf_counter() - started
+
+
+def test_an_unreachable_tracking_server_costs_seconds_and_one_line(tmp_path):
+    port = closed_port()
+    result, seconds = refused(f"http://127.0.0.1:{port}", tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: the MLflow tracking server at http://127.0.0.1:{port} does not answer")
+    assert f"start it (uv run mlflow server --backend-store-uri sqlite:///mlflow.db --port {port})" in line
+    assert "unset MLFLOW_TRACKING_URI" in line
+    assert seconds < 10, f"took {seconds:.1f} s"
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_http_retries_are_bounded_once_the_server_answers(monkeypatch):
+    from grpolab import store
+
+    class Health(__import__("http.server").server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+            self.wfile.write(b"OK")
+
+        def log_message(self, *args):
+            pass
+
+    from http.server import HTTPServer
+
+    server = HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for name in store.HTTP_LIMITS:
+            monkeypatch.delenv(name, raising=False)
+        store.require(f"http://127.0.0.1:{server.server_port}")
+        for name, value in store.HTTP_LIMITS.items():
+            assert os.environ[name] == value
+        from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT
+
+        assert (MLFLOW_HTTP_REQUEST_MAX_RETRIES.get(), MLFLOW_HTTP_REQUEST_TIMEOUT.get()) == (2, 30)
+    finally:
+        server.shutdown()
+
+
+def _locked_store(path: Path):
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("CREATE TABLE t (x)")
+    db.execute("BEGIN EXCLUSIVE")  # what a sqlite3 shell in the middle of a transaction holds
+    return db
+
+
+@pytest.mark.parametrize(
+    ("problem", "expected"),
+    [
+        ("missing folder", "does not exist: create it (mkdir -p"),
+        ("folder is a file", "is not a folder"),
+        ("folder not writable", "cannot write in"),
+        ("damaged", "is not a readable SQLite database (file is not a database): move it aside"),
+        ("locked", "is locked by another program (database is locked after 2 s)"),
+    ],
+)
+def test_a_store_that_cannot_be_used_is_one_line_and_exit_2_with_nothing_written(tmp_path, problem, expected):
+    db, holder = tmp_path / "store" / "mlflow.db", None
+    if problem == "folder is a file":
+        (tmp_path / "store").write_text("a file")
+    elif problem == "folder not writable":
+        # root writes anywhere its permissions say no; sysfs refuses a new file even to root
+        db = Path("/sys/mlflow.db") if os.geteuid() == 0 else db
+        if os.geteuid() != 0:
+            db.parent.mkdir(mode=0o555)
+    elif problem == "damaged":
+        db.parent.mkdir()
+        db.write_bytes(b"not a database, " * 500)
+    elif problem == "locked":
+        db.parent.mkdir()
+        holder = _locked_store(db)
+    before = sorted(p.name for p in db.parent.iterdir()) if db.parent.is_dir() else None
+    # stat, never open: closing any descriptor of the file would drop the holder's POSIX lock
+    content = (db.stat().st_size, db.stat().st_mtime_ns) if db.is_file() else None
+    try:
+        result, seconds = refused(f"sqlite:///{db}", tmp_path)
+    finally:
+        if holder is not None:
+            holder.close()
+    assert result.returncode == 2, result.stderr[-2000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: ") and expected in line, line
+    assert "unset MLFLOW_TRACKING_URI" in line
+    assert seconds < 10, f"took {seconds:.1f} s"
+    # Nothing written: no new store, no -journal, the damaged file as it was, no outputs.
+    assert (sorted(p.name for p in db.parent.iterdir()) if db.parent.is_dir() else None) == before
+    assert ((db.stat().st_size, db.stat().st_mtime_ns) if db.is_file() else None) == content
+    assert not (tmp_path / "outputs").exists()
+
+
+# --- signals, in this process ---------------------------------------------------------------------
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_each_catchable_signal_raises_interrupted_naming_it(signum):
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(endings.Interrupted) as stopped, endings.catching_signals():
+        os.kill(os.getpid(), signum)
+        time.sleep(5)  # the handler raises before this ends
+    assert stopped.value.signum == signum and isinstance(stopped.value, KeyboardInterrupt)
+    assert endings.exit_code(stopped.value) == 128 + signum
+    assert signal.getsignal(signal.SIGTERM) == before  # the previous handlers are back
+
+
+def test_a_signal_ignored_stays_ignored():
+    """`nohup` ignores SIGHUP so that a closed terminal does not stop the lab: neither does the run."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with endings.catching_signals():
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.2)
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+class SlowModel:
+    """A model whose save writes two files with signals arriving between them."""
+
+    def __init__(self, *signals: int, tag: str = "new") -> None:
+        self.signals, self.tag = signals, tag
+
+    def save_pretrained(self, path: str) -> None:
+        (Path(path) / "adapter_model.safetensors").write_text(self.tag)
+        for signum in self.signals:
+            os.kill(os.getpid(), signum)
+        (Path(path) / "adapter_config.json").write_text(self.tag)
+
+
+class Tokenizer:
+    def save_pretrained(self, path: str) -> None:
+        (Path(path) / "tokenizer.json").write_text("{}")
+
+
+def test_a_second_signal_during_the_adapter_save_waits_for_the_save(tmp_path):
+    final = tmp_path / "adapter"
+    save_pretrained_atomically(SlowModel(tag="old"), Tokenizer(), final)
+    # An interrupted run saves its adapter; Ctrl-C twice more and SIGTERM arrive during the save.
+    with pytest.raises(endings.Interrupted) as stopped, endings.catching_signals():
+        save_pretrained_atomically(
+            SlowModel(signal.SIGINT, signal.SIGTERM, signal.SIGINT), Tokenizer(), final
+        )
+    assert stopped.value.signum == signal.SIGINT  # delivered once the save was whole
+    assert {p.name: p.read_text() for p in final.iterdir()} == {
+        "adapter_model.safetensors": "new",
+        "adapter_config.json": "new",
+        "tokenizer.json": "{}",
+    }
+    assert [p.name for p in tmp_path.iterdir()] == ["adapter"]  # no staging or old folder left
+
+
+class Weights:
+    """Saves like PEFT's save_pretrained: tensors through safetensors, then a JSON config."""
+
+    def __init__(self, fill: float) -> None:
+        self.tensors = {"lora_A": torch.full((256, 256), fill), "lora_B": torch.full((256, 256), fill)}
+
+    def save_pretrained(self, path: str) -> None:
+        from safetensors.torch import save_file
+
+        save_file(self.tensors, str(Path(path) / "adapter_model.safetensors"))
+        (Path(path) / "adapter_config.json").write_text(json.dumps({"r": 256}))
+
+
+def _file_size_limit(limit: int):
+    """RLIMIT_FSIZE on this process: a write past `limit` fails with EFBIG (Python ignores SIGXFSZ)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_a_full_disk_during_the_adapter_save_keeps_the_old_adapter_whole(tmp_path):
+    final = save_pretrained_atomically(Weights(0.0), Tokenizer(), tmp_path / "adapter")
+    before = {p.name: p.read_bytes() for p in final.iterdir()}
+    undo = _file_size_limit((final / "adapter_model.safetensors").stat().st_size // 2)
+    try:
+        with pytest.raises(Exception) as failed:  # safetensors' own error, the errno inside its message
+            save_pretrained_atomically(Weights(1.0), Tokenizer(), final)
+        code = endings.disk_errno(failed.value, tmp_path)
+    finally:
+        undo()
+    assert code == errno.EFBIG, repr(failed.value)
+    assert {p.name: p.read_bytes() for p in final.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["adapter"]
+
+
+def test_torch_saves_that_fail_for_room_are_recognised(tmp_path):
+    undo = _file_size_limit(10_000)
+    try:
+        with pytest.raises(RuntimeError) as failed:  # no errno: "unexpected pos ..." or "file write failed"
+            torch.save({"x": torch.zeros(100_000)}, tmp_path / "optimizer.pt")
+        recognised = endings.is_disk_full(failed.value, tmp_path)
+    finally:
+        undo()
+    assert recognised, repr(failed.value)
+    assert not endings.is_disk_full(RuntimeError("unexpected pos 576 vs 534"), tmp_path)  # room, no limit
+    assert endings.disk_errno(OSError(errno.ENOSPC, "No space left on device")) == errno.ENOSPC
+    assert not endings.is_disk_full(OSError(errno.EACCES, "Permission denied"))
+
+
+# --- MLflow: one store for the in-process tests ---------------------------------------------------
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("endings-store")
+    saved = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{path / 'mlflow.db'}"
+    client = tracking.client()
+    yield client
+    while mlflow.active_run():
+        mlflow.end_run()
+    if saved is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = saved
+    tracking.use_store()
+
+
+def dead_process() -> tuple[int, str]:
+    """A pid and start time of a process of this host that has exited (and been reaped)."""
+    import psutil
+
+    child = subprocess.Popen(["sleep", "5"])
+    started = psutil.Process(child.pid).create_time()
+    child.kill()
+    child.wait()
+    return child.pid, f"{started:.2f}"
+
+
+def plant(client, experiment: str, name: str, **process: str):
+    experiment_id = tracking.experiment_id(experiment)
+    tags = {f"process.{k}": v for k, v in process.items()}
+    return client.create_run(experiment_id, run_name=name, tags=tags)
+
+
+def test_reconcile_ends_only_runs_whose_process_died_on_this_host(store):
+    pid, started = dead_process()
+    dead = plant(store, "reconcile", "dead", host=socket.gethostname(), pid=str(pid), start_time=started)
+    for step, peak in enumerate([1.2, 1.9, 1.5], start=1):
+        store.log_metric(dead.info.run_id, "memory/step_peak_gib", peak, step=step)
+    me = tracking.process_tags()
+    alive = plant(
+        store,
+        "reconcile",
+        "alive",
+        host=me["process.host"],
+        pid=me["process.pid"],
+        start_time=me["process.start_time"],
+    )
+    reused = plant(
+        store, "reconcile", "pid reused", host=me["process.host"], pid=me["process.pid"], start_time="1.00"
+    )
+    other = plant(store, "reconcile", "other host", host="another-host", pid=str(pid), start_time=started)
+    untagged = plant(store, "reconcile", "untagged")
+
+    lines = endings.reconcile(store)
+
+    status = {r.info.run_id: store.get_run(r.info.run_id) for r in (dead, alive, reused, other, untagged)}
+    assert [status[r.info.run_id].info.status for r in (dead, reused)] == ["KILLED", "KILLED"]
+    assert [status[r.info.run_id].info.status for r in (alive, other, untagged)] == ["RUNNING"] * 3
+    note = status[dead.info.run_id].data.tags["mlflow.note.content"]
+    assert f"The process (pid {pid} on {socket.gethostname()}" in note
+    assert "died without closing its run: SIGKILL" in note and "OOM killer" in note
+    assert "Last step logged: 3; peak memory logged: 1.90 GiB" in note
+    assert status[dead.info.run_id].data.tags["ending"] == "process died"
+    # It ended when it last logged, not when it was found.
+    last = max(p.timestamp for p in store.get_metric_history(dead.info.run_id, "memory/step_peak_gib"))
+    assert status[dead.info.run_id].info.end_time == last
+    assert "No step was logged" in status[reused.info.run_id].data.tags["mlflow.note.content"]
+    assert len(lines) == 2 and any(dead.info.run_id in line for line in lines)
+    for run in (alive, other, untagged):
+        store.set_terminated(run.info.run_id, "FINISHED")
+
+
+def test_runs_command_lists_open_runs_and_whether_their_process_lives(store, capsys):
+    from grpolab.__main__ import main
+
+    pid, started = dead_process()
+    dead = plant(store, "listing", "dead", host=socket.gethostname(), pid=str(pid), start_time=started)
+    other = plant(store, "listing", "elsewhere", host="another-host", pid="1", start_time="1.00")
+    assert main(["runs"]) == 0
+    out = capsys.readouterr().out
+    assert f"listing/dead ({dead.info.run_id}), pid {pid} on {socket.gethostname()}: its process died" in out
+    assert f"listing/elsewhere ({other.info.run_id}), pid 1 on another-host: from another host" in out
+    assert "python -m grpolab runs --reconcile" in out
+    assert store.get_run(dead.info.run_id).info.status == "RUNNING"  # listing touches nothing
+    assert main(["runs", "--reconcile"]) == 0
+    assert store.get_run(dead.info.run_id).info.status == "KILLED"
+    assert store.get_run(other.info.run_id).info.status == "RUNNING"
+    store.set_terminated(other.info.run_id, "FINISHED")
+
+
+def test_a_run_stopped_by_sigterm_says_so_and_a_failed_one_names_its_error(store):
+    with pytest.raises(endings.Interrupted), tracking.lab_run("lab-run", "term", {}) as run:
+        mlflow.log_metric("reward", 0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    ended = store.get_run(run.info.run_id)
+    assert (ended.info.status, ended.data.tags["ending"]) == ("KILLED", "SIGTERM")
+    assert ended.data.tags["mlflow.note.content"].startswith("Stopped by SIGTERM (kill, timeout, docker stop")
+    assert ended.data.metrics["reward"] == 0.5
+    with pytest.raises(ValueError), tracking.lab_run("lab-run", "crash", {}) as run:
+        raise ValueError("the reward function crashed\nsecond line")
+    ended = store.get_run(run.info.run_id)
+    assert (ended.info.status, ended.data.tags["ending"]) == ("FAILED", "exception")
+    assert ended.data.tags["mlflow.note.content"] == "Failed: ValueError: the reward function crashed."
+    with tracking.lab_run("lab-run", "fine", {}) as run:
+        pass
+    assert store.get_run(run.info.run_id).data.tags["ending"] == "finished"
+
+
+def _session_inputs(tmp_path):
+    from budgets import compute
+    from grpolab.device import Device
+    from grpolab.settings import lab_settings
+
+    settings = lab_settings(LAB_DIR, "cpu")
+    args = Namespace(
+        output_dir=tmp_path / "outputs",
+        memory_sample_ms=5.0,
+        system_metrics_interval=None,
+        memory_cap_gib=None,
+    )
+    return settings, compute(settings.plan()), Device("cpu"), args
+
+
+def test_the_harness_reconciles_at_start_and_describes_how_its_run_ended(store, tmp_path, capsys):
+    from grpolab.session import session
+
+    pid, started = dead_process()
+    left = plant(
+        store, "grpo-first", "killed earlier", host=socket.gethostname(), pid=str(pid), start_time=started
+    )
+    inputs = _session_inputs(tmp_path)
+    with pytest.raises(ValueError), session(*inputs, None) as run:
+        raise ValueError("a reward function crashed")
+    out = capsys.readouterr().out
+    assert f"Ended run killed earlier ({left.info.run_id}) KILLED: its process {pid} died" in out
+    assert store.get_run(left.info.run_id).info.status == "KILLED"
+    failed = store.get_run(run.mlflow_run.info.run_id)
+    assert (failed.info.status, failed.data.tags["ending"]) == ("FAILED", "exception")
+    assert failed.data.tags["mlflow.note.content"] == (
+        "Failed before training started: ValueError: a reward function crashed."
+    )
+    with pytest.raises(endings.Interrupted), session(*inputs, None) as run:
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(5)
+    assert "Stopped by SIGHUP (its terminal or SSH session closed) before training started: run" in (
+        capsys.readouterr().out
+    )
+    stopped = store.get_run(run.mlflow_run.info.run_id)
+    assert (stopped.info.status, stopped.data.tags["ending"]) == ("KILLED", "SIGHUP")
+    note = stopped.data.tags["mlflow.note.content"]
+    assert note.startswith("Stopped by SIGHUP") and "(run ended KILLED: figures so far)" in note
+
+
+def test_a_half_written_checkpoint_is_removed_and_the_previous_one_kept(store, tmp_path):
+    output = tmp_path / "run"
+    for step, whole in ((2, True), (4, False)):
+        folder = output / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        (folder / "adapter_model.safetensors").write_bytes(b"\0" * 1000)
+        if whole:
+            (folder / "trainer_state.json").write_text("{}")
+    trainer = Namespace(state=Namespace(global_step=4))
+    run = Namespace(output_dir=output, trainer=trainer, settings=Namespace(max_steps=10))
+    with tracking.lab_run("disk", "full", {}) as mlflow_run:
+        full = endings.disk_full(OSError(errno.ENOSPC, "No space left on device"), run)
+    message = str(full)
+    assert message.startswith(f"no room to save the checkpoint checkpoint-4 in {output / 'checkpoint-4'}")
+    assert "No space left on device;" in message and "free on that disk" in message
+    assert "the half-written checkpoint-4 was removed; checkpoint-2 is intact" in message
+    assert sorted(p.name for p in output.iterdir()) == ["checkpoint-2"]
+    tags = store.get_run(mlflow_run.info.run_id).data.tags
+    assert tags["ending"] == "disk full"
+    assert tags["mlflow.note.content"] == f"Failed at step 4 of 10: {message}."
+
+
+# --- real lab processes: one wave on a fresh store ------------------------------------------------
+SIGNALLED = {
+    "SIGINT": signal.SIGINT,
+    "SIGTERM": signal.SIGTERM,
+    "SIGHUP": signal.SIGHUP,
+    "SIGKILL": signal.SIGKILL,
+}
+STEPS_BEFORE_SIGNAL = 2
+WAVE_TIMEOUT_S = 1800
+
+
+def _default_signals() -> None:
+    """A lab as a terminal starts it, even when pytest runs under nohup or in a background job."""
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
+class Lab:
+    """One lab process; a thread reads its output, counts training steps (TRL prints a log dict
+    with 'step_time' per step) and calls `at_step` once when `STEPS_BEFORE_SIGNAL` have been printed."""
+
+    def __init__(self, name: str, args: list[str], uri: str, tmp: Path, at_step=None) -> None:
+        self.name, self.output = name, tmp / name
+        self.stderr_path = tmp / f"{name}.stderr"
+        self.lines: list[str] = []
+        self.steps = 0
+        self.at_step = at_step
+        with open(self.stderr_path, "w") as stderr:
+            self.process = subprocess.Popen(
+                [sys.executable, str(LAB_DIR / "train.py"), "--output-dir", str(self.output), *args],
+                cwd=REPO_ROOT,
+                env=lab_env(uri),
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                preexec_fn=_default_signals,
+            )
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line)
+            if "'step_time'" in line:
+                self.steps += 1
+                if self.steps == STEPS_BEFORE_SIGNAL and self.at_step is not None:
+                    self.at_step(self)
+
+    def wait(self, timeout: float) -> int:
+        code = self.process.wait(timeout=timeout)
+        self.reader.join(timeout=10)
+        return code
+
+    @property
+    def stdout(self) -> str:
+        return "".join(self.lines)
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    def log(self) -> str:
+        return f"--- {self.name} stdout ---\n{self.stdout[-3000:]}\n--- stderr ---\n{self.stderr[-3000:]}"
+
+
+class FileSizeLimit:
+    """Once the lab's first checkpoint is whole, limit its file size: its next checkpoint cannot be
+    written. The limit leaves room for its MLflow store to grow (its own SQLite file, under 1 MiB
+    of growth for a few steps) and is below the checkpoint's largest file (LoRA rank 512: MBs)."""
+
+    def __init__(self, store_db: Path) -> None:
+        self.store_db = store_db
+        self.limit: int | None = None
+        self.kept: dict[str, dict[str, int]] = {}
+
+    def watch(self, lab: Lab) -> None:
+        threading.Thread(target=self._watch, args=(lab,), daemon=True).start()
+
+    def _watch(self, lab: Lab) -> None:
+        while lab.process.poll() is None:
+            whole = [p.parent for p in lab.output.glob("grpo-first/*/checkpoint-*/trainer_state.json")]
+            if whole:
+                self.limit = self.store_db.stat().st_size + 1024**2
+                resource.prlimit(lab.process.pid, resource.RLIMIT_FSIZE, (self.limit, self.limit))
+                for folder in whole:
+                    self.kept[folder.name] = {
+                        str(f.relative_to(folder)): f.stat().st_size for f in folder.rglob("*") if f.is_file()
+                    }
+                return
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def wave(tmp_path_factory):
+    """Seven labs started at once: six on one fresh store (two that finish, one per signal), and one
+    whose disk fills, on a store of its own (the file-size limit must not reach the shared store)."""
+    tmp = tmp_path_factory.mktemp("wave")
+    uri, disk_uri = f"sqlite:///{tmp / 'mlflow.db'}", f"sqlite:///{tmp / 'disk' / 'mlflow.db'}"
+    (tmp / "disk").mkdir()
+    long = ["--max-steps", "500"]
+
+    def send(signum):
+        return lambda lab: lab.process.send_signal(signum)
+
+    disk = FileSizeLimit(tmp / "disk" / "mlflow.db")
+    started = time.perf_counter()
+    labs = {
+        "finish-1": Lab("finish-1", ["--max-steps", "2"], uri, tmp),
+        "finish-2": Lab("finish-2", ["--max-steps", "2"], uri, tmp),
+        **{name: Lab(name, long, uri, tmp, send(signum)) for name, signum in SIGNALLED.items()},
+        "disk": Lab(
+            "disk",
+            [*long, "--save-steps", "2", "--lora-rank", "512", "--max-lora-rank", "512"],
+            disk_uri,
+            tmp,
+        ),
+    }
+    disk.watch(labs["disk"])
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+    try:
+        # ~3 minutes on an idle 2-core machine; generous for a shared one
+        codes = {name: lab.wait(timeout=WAVE_TIMEOUT_S) for name, lab in labs.items()}
+    finally:
+        for lab in labs.values():
+            if lab.process.poll() is None:
+                lab.process.kill()
+                lab.process.wait()
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime
+    print(f"\nthe wave of {len(labs)} labs: {time.perf_counter() - started:.0f} s, {cpu_s:.0f} CPU-seconds")
+    client = mlflow.MlflowClient(uri)
+    yield {"labs": labs, "codes": codes, "client": client, "uri": uri, "disk": disk, "disk_uri": disk_uri}
+
+
+def only_run(client, lab: Lab):
+    """The MLflow run a lab opened (its run name ends with the lab's pid)."""
+    experiment = client.get_experiment_by_name("grpo-first")
+    runs = client.search_runs([experiment.experiment_id], max_results=100)
+    (run,) = [r for r in runs if r.info.run_name.endswith(f"-{lab.process.pid}")]
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(HAS_CUDA, reason="runs the CPU profile; on a GPU the same command runs Qwen3-4B")
+def test_two_first_runs_on_a_fresh_store_both_finish(wave):
+    for name in ("finish-1", "finish-2"):
+        lab = wave["labs"][name]
+        assert wave["codes"][name] == 0, lab.log()
+        run = only_run(wave["client"], lab)
+        assert (run.info.status, run.data.tags["ending"]) == ("FINISHED", "finished")
+        assert run.data.tags["mlflow.note.content"].startswith("The budget ")
+    # Seven processes opened a new store at once; none died in MLflow's schema migration.
+    for lab in wave["labs"].values():
+        assert "duplicate column" not in lab.stderr, lab.log()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(HAS_CUDA, reason="runs the CPU profile; on a GPU the same command runs Qwen3-4B")
+@pytest.mark.parametrize(
+    ("name", "opening"),
+    [
+        ("SIGINT", "Interrupted by SIGINT (Ctrl-C)"),
+        ("SIGTERM", "Stopped by SIGTERM (kill, timeout, docker stop, a scheduler or a closed cloud session)"),
+        ("SIGHUP", "Stopped by SIGHUP (its terminal or SSH session closed)"),
+    ],
+)
+def test_a_signal_ends_the_run_killed_with_its_measurements_and_adapter(wave, name, opening):
+    lab = wave["labs"][name]
+    assert wave["codes"][name] == 128 + SIGNALLED[name], lab.log()
+    run = only_run(wave["client"], lab)
+    assert (run.info.status, run.data.tags["ending"]) == ("KILLED", name), lab.log()
+    note = run.data.tags["mlflow.note.content"]
+    step = int(note.removeprefix(f"{opening} at step ").split(" ")[0])
+    assert note.startswith(f"{opening} at step {step} of 500.") and step >= STEPS_BEFORE_SIGNAL, note
+    assert "(run ended KILLED: figures so far)" in note
+    assert f"{opening} at step {step} of 500: run {run.info.run_id} ends KILLED" in lab.stdout
+    assert "lora_params/measured" in run.data.metrics and "total/measured" in run.data.metrics
+    (folder,) = lab.output.glob("grpo-first/*")
+    assert (folder / "adapter" / "adapter_model.safetensors").is_file()
+    assert not [p.name for p in folder.iterdir() if p.name.startswith(".")], "a staging folder was left"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(HAS_CUDA, reason="runs the CPU profile; on a GPU the same command runs Qwen3-4B")
+def test_sigkill_leaves_a_run_that_reconcile_ends_killed_and_nothing_else(wave):
+    lab, client = wave["labs"]["SIGKILL"], wave["client"]
+    assert wave["codes"]["SIGKILL"] == -signal.SIGKILL, lab.log()
+    killed = only_run(client, lab)
+    assert killed.info.status == "RUNNING"  # what SIGKILL leaves: nothing could close it
+    tags = killed.data.tags
+    other = client.create_run(
+        killed.info.experiment_id,
+        run_name="another host's",
+        tags={**{k: tags[k] for k in ("process.pid", "process.start_time")}, "process.host": "another-host"},
+    )
+    command = RECONCILE_COMMAND if shutil.which("uv") else [sys.executable, *RECONCILE_COMMAND[3:]]
+    os.environ["MLFLOW_TRACKING_URI"] = wave["uri"]
+    try:
+        with tracking.lab_run("grpo-first", "alive", {}) as alive:  # a live process's run
+            result = subprocess.run(
+                command, cwd=REPO_ROOT, env=lab_env(wave["uri"]), capture_output=True, text=True, timeout=300
+            )
+    finally:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"Ended run {killed.info.run_name} ({killed.info.run_id}) KILLED" in result.stdout
+    assert (
+        f"({alive.info.run_id}), pid {os.getpid()} on {socket.gethostname()}: its process is alive"
+        in result.stdout
+    )
+    ended = client.get_run(killed.info.run_id)
+    assert (ended.info.status, ended.data.tags["ending"]) == ("KILLED", "process died")
+    note = ended.data.tags["mlflow.note.content"]
+    assert f"The process (pid {lab.process.pid} on {socket.gethostname()}" in note
+    assert "died without closing its run: SIGKILL" in note
+    last_step = int(note.split("Last step logged: ")[1].split(";")[0])
+    assert last_step >= STEPS_BEFORE_SIGNAL and "peak memory logged: " in note
+    assert client.get_run(alive.info.run_id).info.status == "FINISHED"  # it closed itself, untouched
+    assert client.get_run(other.info.run_id).info.status == "RUNNING"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(HAS_CUDA, reason="runs the CPU profile; on a GPU the same command runs Qwen3-4B")
+def test_a_full_disk_at_a_checkpoint_fails_the_run_and_keeps_the_previous_checkpoint(wave):
+    lab, disk = wave["labs"]["disk"], wave["disk"]
+    assert disk.limit is not None and disk.kept, "the first checkpoint never appeared:\n" + lab.log()
+    assert wave["codes"]["disk"] == endings.EXIT_DISK_FULL, lab.log()
+    error = lab.stderr.strip().splitlines()[-1]
+    (folder,) = lab.output.glob("grpo-first/*")
+    assert error.startswith("error: no room to save the checkpoint checkpoint-"), error
+    assert f" in {folder}/checkpoint-" in error and "File too large" in error and "free on that disk" in error
+    # No half-written checkpoint, no hidden leftover, no adapter (the run never finished); TRL's
+    # model card (README.md) is the only other file.
+    names = {p.name for p in folder.iterdir()} - {"README.md"}
+    assert names == set(disk.kept), f"besides the kept checkpoints: {names - set(disk.kept)}"
+    for name, files in disk.kept.items():  # the previous checkpoints, exactly as they were
+        now = {
+            str(f.relative_to(folder / name)): f.stat().st_size
+            for f in (folder / name).rglob("*")
+            if f.is_file()
+        }
+        assert now == files, name
+        assert f"{name} is intact" in error
+    assert "was removed" in error
+    client = mlflow.MlflowClient(wave["disk_uri"])
+    (run,) = client.search_runs([client.get_experiment_by_name("grpo-first").experiment_id])
+    assert (run.info.status, run.data.tags["ending"]) == ("FAILED", "disk full")
+    note = run.data.tags["mlflow.note.content"]
+    assert note.startswith("Failed at step ") and error.removeprefix("error: ") in note
