@@ -31,6 +31,8 @@ FLAT_SHARE = 0.02  # the reward moved by less than 2% of the most it pays
 FORMAT = "rewards/format_reward/mean"
 CORRECT = "rewards/correctness_reward/mean"
 MAX_REWARD = 1.2  # the tasks' correctness (1.0) plus format (0.2)
+LOW_REWARD = 0.05  # a mean reward at or below this: most completions earn nothing at all
+RARE_CORRECT = 0.01  # correctness paid this rarely on average: the answer is out of the policy's reach
 
 
 @dataclass(frozen=True)
@@ -97,11 +99,17 @@ def diagnose(
         harder = "pick a harder task with --task" if "task" in accepts else "pick a harder task"
         if level >= 0.9 * MAX_REWARD:
             why, fix = "the task is too easy for the policy", harder
-        elif level > 0.05 and correct and max(correct) == 0:
-            why = "every completion earns the format and none the answer: the policy has nothing left it can learn"
+        elif level > LOW_REWARD and correct and statistics.fmean(correct) < RARE_CORRECT:
+            why = (
+                f"completions earn the format and almost never the answer (correctness "
+                f"{statistics.fmean(correct):.3f} on average): the policy has little left it can learn"
+            )
             fix = advise(raise_("num_generations"), raise_("temperature")) + ", or an easier task"
-        else:
+        elif level <= LOW_REWARD:
             why = "most groups scored nothing"
+            fix = advise(raise_("num_generations"), raise_("temperature"))
+        else:
+            why = "too many groups are all right or all wrong together"
             fix = advise(raise_("num_generations"), raise_("temperature"))
         findings.append(
             Finding(

@@ -11,9 +11,18 @@ this module (or `unsloth`) before either.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-from unsloth import FastLanguageModel
+import torch
+
+if not torch.cuda.is_available():
+    # Without CUDA, `import unsloth` imports vLLM (a CUDA build), finds it broken, warns the user to
+    # reinstall it and blocks it (unsloth/import_fixes.py: disable_broken_vllm). Blocking it first
+    # skips that: ~10 s of every CPU start, and a warning that tells a CPU user to reinstall vLLM.
+    sys.modules.setdefault("vllm", None)
+
+from unsloth import FastLanguageModel  # after the vLLM block above
 
 from grpolab.settings import LabSettings
 from grpolab.tiny_model import ensure_tiny_model

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import resource
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from pathlib import Path
@@ -108,3 +111,213 @@ def cpu_lab_run(tmp_path_factory):
         "store": store,
     }
     shutil.rmtree(REPO_ROOT / "outputs" / "grpo-first" / run.info.run_name, ignore_errors=True)
+
+
+# --- the wave: real lab processes, every way a run ends, started at once -------------------------
+# A lab process spends most of a minute of CPU importing Unsloth before its first step, so the runs
+# that several test files need (run-endings, the rehearsal, out of memory, a second task) start
+# together, once, on one fresh store: that is also the test that two first runs on a new store both
+# finish. One CPU thread each: nine labs on two cores would only fight over more.
+SIGNALLED = {
+    "SIGINT": signal.SIGINT,
+    "SIGTERM": signal.SIGTERM,
+    "SIGHUP": signal.SIGHUP,
+    "SIGKILL": signal.SIGKILL,
+}
+STEPS_BEFORE_SIGNAL = 2
+WAVE_TIMEOUT_S = 1800
+
+
+def _default_signals() -> None:
+    """A lab as a terminal starts it, even when pytest runs under nohup or in a background job."""
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
+class Lab:
+    """One lab process; a thread reads its output, counts training steps (TRL prints a log dict
+    with 'step_time' per step) and calls `at_step` once when `STEPS_BEFORE_SIGNAL` have been printed."""
+
+    def __init__(self, name: str, args: list[str], uri: str, tmp: Path, at_step=None) -> None:
+        env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        self.name, self.output = name, tmp / name
+        self.stderr_path = tmp / f"{name}.stderr"
+        self.lines: list[str] = []
+        self.steps = 0
+        self.at_step = at_step
+        with open(self.stderr_path, "w") as stderr:
+            self.process = subprocess.Popen(
+                [sys.executable, str(LAB_DIR / "train.py"), "--output-dir", str(self.output), *args],
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                preexec_fn=_default_signals,
+            )
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line)
+            if "'step_time'" in line:
+                self.steps += 1
+                if self.steps == STEPS_BEFORE_SIGNAL and self.at_step is not None:
+                    self.at_step(self)
+
+    def wait(self, timeout: float) -> int:
+        code = self.process.wait(timeout=timeout)
+        self.reader.join(timeout=10)
+        return code
+
+    @property
+    def stdout(self) -> str:
+        return "".join(self.lines)
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    def log(self) -> str:
+        return f"--- {self.name} stdout ---\n{self.stdout[-3000:]}\n--- stderr ---\n{self.stderr[-3000:]}"
+
+
+class FileSizeLimit:
+    """Once the lab's first checkpoint is whole, limit its file size: its next checkpoint cannot be
+    written. The limit leaves room for its MLflow store to grow (its own SQLite file, under 1 MiB
+    of growth for a few steps) and is below the checkpoint's largest file (LoRA rank 512: MBs)."""
+
+    def __init__(self, store_db: Path) -> None:
+        self.store_db = store_db
+        self.limit: int | None = None
+        self.kept: dict[str, dict[str, int]] = {}
+
+    def watch(self, lab: Lab) -> None:
+        threading.Thread(target=self._watch, args=(lab,), daemon=True).start()
+
+    def _watch(self, lab: Lab) -> None:
+        while lab.process.poll() is None:
+            whole = [p.parent for p in lab.output.glob("grpo-first/*/checkpoint-*/trainer_state.json")]
+            if whole:
+                self.limit = self.store_db.stat().st_size + 1024**2
+                resource.prlimit(lab.process.pid, resource.RLIMIT_FSIZE, (self.limit, self.limit))
+                for folder in whole:
+                    self.kept[folder.name] = {
+                        str(f.relative_to(folder)): f.stat().st_size for f in folder.rglob("*") if f.is_file()
+                    }
+                return
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def wave(tmp_path_factory):
+    """Nine labs started at once: eight on one fresh store (two that finish, one of them on another
+    task; a rehearsal; one that runs out of memory; one per signal) and one whose disk fills, on a
+    store of its own (the file-size limit must not reach the shared store). None evaluates on the
+    held-out prompts (the shared README run does), so each reaches its steps sooner."""
+    if HAS_CUDA:
+        pytest.skip("runs the CPU profile; on a GPU the same commands run Qwen3-4B")
+    tmp = tmp_path_factory.mktemp("wave")
+    uri, disk_uri = f"sqlite:///{tmp / 'mlflow.db'}", f"sqlite:///{tmp / 'disk' / 'mlflow.db'}"
+    (tmp / "disk").mkdir()
+    quick = ["--eval-prompts", "0"]
+    long = ["--max-steps", "500", *quick]
+
+    def send(signum):
+        return lambda lab: lab.process.send_signal(signum)
+
+    disk = FileSizeLimit(tmp / "disk" / "mlflow.db")
+    started = time.perf_counter()
+    labs = {
+        "finish-1": Lab("finish-1", ["--max-steps", "2", *quick], uri, tmp),
+        # the README's other tasks: the same loop, another task's prompts and rewards
+        "finish-2": Lab("finish-2", ["--task", "countdown", "--max-steps", "2", *quick], uri, tmp),
+        # the README's rehearsal of the CPU profile (tests/test_rehearsal.py reads it)
+        "rehearse": Lab("rehearse", ["--profile", "cpu", "--rehearse"], uri, tmp),
+        # room for 20 MiB past loading: out of memory (tests/test_lab_end_to_end.py reads it)
+        "oom": Lab(
+            "oom", ["--profile", "cpu", "--max-steps", "3", "--memory-cap-gib", "0.02", *quick], uri, tmp
+        ),
+        **{name: Lab(name, long, uri, tmp, send(signum)) for name, signum in SIGNALLED.items()},
+        "disk": Lab(
+            "disk",
+            [*long, "--save-steps", "2", "--lora-rank", "512", "--max-lora-rank", "512"],
+            disk_uri,
+            tmp,
+        ),
+    }
+    disk.watch(labs["disk"])
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+    try:
+        codes = {name: lab.wait(timeout=WAVE_TIMEOUT_S) for name, lab in labs.items()}
+    finally:
+        for lab in labs.values():
+            if lab.process.poll() is None:
+                lab.process.kill()
+                lab.process.wait()
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime
+    print(f"\nthe wave of {len(labs)} labs: {time.perf_counter() - started:.0f} s, {cpu_s:.0f} CPU-seconds")
+    import mlflow
+
+    client = mlflow.MlflowClient(uri)
+    yield {"labs": labs, "codes": codes, "client": client, "uri": uri, "disk": disk, "disk_uri": disk_uri}
+
+
+def only_run(client, lab: Lab):
+    """The MLflow run a lab opened (its run name ends with the lab's pid)."""
+    experiment = client.get_experiment_by_name("grpo-first")
+    runs = client.search_runs([experiment.experiment_id], max_results=100)
+    (run,) = [r for r in runs if r.info.run_name.endswith(f"-{lab.process.pid}")]
+    return run
+
+
+# --- chapter 2: the CPU sweep, run once as the README runs it ---------------------------------------
+README_SWEEP = ["uv", "run", "python", "labs/grpo-sizing/train.py"]
+README_SWEEP_REFUSED = ["uv", "run", "python", "labs/grpo-sizing/train.py", "--run-refused"]
+
+
+@pytest.fixture(scope="session")
+def cpu_sweep(tmp_path_factory):
+    """`uv run python labs/grpo-sizing/train.py --run-refused`: the README's sweep and, after it, the
+    refused cell run anyway; in its own MLflow store, then read back. Shared by the chapter's tests
+    and its notebook's, which reads the sweep back instead of running one of its own."""
+    import json
+
+    import mlflow
+
+    if HAS_CUDA:
+        pytest.skip("runs the CPU sweep; on a GPU the same command sweeps Qwen3-4B")
+    store = tmp_path_factory.mktemp("sizing")
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONUNBUFFERED": "1"}
+    command = README_SWEEP_REFUSED if shutil.which("uv") else [sys.executable, *README_SWEEP_REFUSED[3:]]
+    started = time.perf_counter()
+    result = subprocess.run(
+        [*command, "--output-dir", str(store / "outputs")],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    seconds = time.perf_counter() - started
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    mlflow.set_tracking_uri(uri)
+    client = mlflow.MlflowClient(uri)
+    runs = mlflow.search_runs(experiment_names=["grpo-sizing"], output_format="list")
+    (parent,) = [r for r in runs if r.data.tags.get("run_kind") == "sweep"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    cells = json.loads(
+        Path(client.download_artifacts(parent.info.run_id, "sweep/cells.json", str(store))).read_text()
+    )
+    yield {
+        "parent": parent,
+        "children": children,
+        "cells": cells,
+        "client": client,
+        "stdout": result.stdout,
+        "seconds": seconds,
+        "store": store,
+    }

@@ -97,8 +97,22 @@ def test_groups_that_all_earn_only_the_format_are_no_signal_even_when_trl_misses
         **{"rewards/format_reward/mean": lambda t: 0.2, "rewards/correctness_reward/mean": lambda t: 0.0},
     )
     (finding,) = [f for f in diagnose(rows, VALUES, set(FLAGS)) if f.name == "no_learning_signal"]
-    assert "every completion earns the format and none the answer" in str(finding)
+    assert "completions earn the format and almost never the answer (correctness 0.000" in str(finding)
     assert "in 100% of groups" in str(finding)
+
+
+def test_a_lucky_right_answer_does_not_turn_format_only_groups_into_groups_that_scored_nothing():
+    """The README's CPU run: the format paid nearly always, one right answer in a few hundred."""
+    rows = history(
+        reward=lambda t: 0.19,
+        frac_reward_zero_std=lambda t: 0.6,
+        **{
+            "rewards/format_reward/mean": lambda t: 0.19,
+            "rewards/correctness_reward/mean": lambda t: 0.0625 if 0.5 < t < 0.52 else 0.0,
+        },
+    )
+    (finding,) = [f for f in diagnose(rows, VALUES, set(FLAGS)) if f.name == "no_learning_signal"]
+    assert "almost never the answer" in str(finding) and "scored nothing" not in str(finding)
 
 
 def test_reward_hacking_is_caught_by_the_held_out_accuracy_too():

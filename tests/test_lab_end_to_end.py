@@ -16,7 +16,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
-from conftest import HAS_CUDA, LAB_DIR, REPO_ROOT, run_lab
+from conftest import HAS_CUDA, LAB_DIR, REPO_ROOT, only_run, run_lab
 
 from grpolab.settings import lab_settings
 
@@ -109,11 +109,15 @@ def test_memory_is_measured_and_paired_with_the_budget(cpu_lab_run):
     assert "memory/phase/load/process_peak_gib" in metrics
     # MLflow's own system metrics run beside the probe.
     assert any(key.startswith("system/") for key in metrics)
-    for line in ("base_weights", "lora_params", "lora_grads", "optimizer_states", "reference_policy"):
+    for line in ("base_weights", "lora_params", "lora_grads", "optimizer_states"):
         assert f"{line}/budget" in metrics and f"{line}/measured" in metrics, line
         assert f"{line}/diff" in metrics
+    # Unsloth's trainer (both profiles) takes the reference from the base with the adapter disabled:
+    # no reference copy is budgeted, and none was found among the tensors the run held.
+    assert cpu_lab_run["run"].data.tags["trainer_class"] == "UnslothGRPOTrainer"
+    assert not any(key.startswith("reference_policy/") for key in metrics)
     # The exact lines agree with the tensors the run really held.
-    for line in ("lora_params", "lora_grads", "optimizer_states", "reference_policy"):
+    for line in ("lora_params", "lora_grads", "optimizer_states"):
         assert abs(metrics[f"{line}/rel_error"]) < 0.01, (line, metrics[f"{line}/rel_error"])
     assert abs(metrics["base_weights/rel_error"]) < 0.05
     assert "total/measured" in metrics and "total/rel_error" in metrics
@@ -168,29 +172,25 @@ def test_artifacts_adapter_chart_table_and_sheet(cpu_lab_run):
     assert cpu_lab_run["run"].data.tags["mlflow.note.content"].startswith("The budget ")
 
 
-def test_running_out_of_memory_leaves_a_failed_run_with_peak_phase_and_line(tmp_path):
-    result = run_lab(
-        ["--profile", "cpu", "--max-steps", "3", "--memory-cap-gib", "0.02"], tmp_path, timeout=400
-    )
-    assert result.returncode == 3, result.stderr[-3000:]
-    (error,) = [line for line in result.stderr.splitlines() if line.startswith("error: out of memory")]
+def test_running_out_of_memory_leaves_a_failed_run_with_peak_phase_and_line(wave, tmp_path):
+    """`train.py --profile cpu --max-steps 3 --memory-cap-gib 0.02`, run in the wave (tests/conftest.py)."""
+    lab = wave["labs"]["oom"]
+    assert wave["codes"]["oom"] == 3, lab.log()
+    (error,) = [line for line in lab.stderr.splitlines() if line.startswith("error: out of memory")]
     assert "lower" in error or "use" in error
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (run,) = mlflow.search_runs(experiment_names=["grpo-first"], output_format="list")
-    assert (run.info.status, run.data.tags["ending"]) == ("FAILED", "out of memory")
+    run = only_run(wave["client"], lab)
+    assert (run.info.status, run.data.tags["ending"]) == ("FAILED", "out of memory"), lab.log()
     assert run.data.tags["mlflow.note.content"].startswith("Out of memory during ")
     assert run.data.metrics["oom/peak_gib"] > 0
     assert run.data.tags["oom_phase"] in {"load", "generate", "train_step", "train"}
     assert run.data.tags["oom_line"] in json.dumps(
         json.loads(
             Path(
-                mlflow.artifacts.download_artifacts(
-                    run_id=run.info.run_id, artifact_path="budget/sheet.json", dst_path=str(tmp_path)
-                )
+                wave["client"].download_artifacts(run.info.run_id, "budget/sheet.json", str(tmp_path))
             ).read_text()
         )["lines"]
     )
-    assert not list((tmp_path / "outputs").glob("*/*/adapter")), "no adapter for a run that never trained"
+    assert not list(lab.output.glob("*/*/adapter")), "no adapter for a run that never trained"
 
 
 def test_held_out_accuracy_is_logged_before_and_after_training(cpu_lab_run):

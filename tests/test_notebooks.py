@@ -17,7 +17,7 @@ import urllib.request
 import jupytext
 import nbformat
 import pytest
-from conftest import REPO_ROOT, TRAINER_LABS
+from conftest import HAS_CUDA, REPO_ROOT, TRAINER_LABS
 
 NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
 # Notebooks of chapters that train in this environment; a chapter with an environment of its own
@@ -55,11 +55,20 @@ def test_notebook_and_its_script_are_in_sync(path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", HERE, ids=lambda p: p.name)
-def test_notebook_executes_from_a_clean_kernel(path, tmp_path, monkeypatch):
+def test_notebook_executes_from_a_clean_kernel(path, tmp_path, monkeypatch, request):
+    import mlflow
     from nbclient import NotebookClient
 
-    # The kernel inherits this environment: its own MLflow store, like the lab's tests.
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    # The kernel inherits this environment: its own MLflow store, like the lab's tests. The sizing
+    # notebook reads back the sweep its chapter's tests ran once (tests/conftest.py: cpu_sweep),
+    # as it reads the README's sweep from a user's store, instead of running a sweep of its own.
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    if path.stem.endswith("grpo-sizing") and not HAS_CUDA:
+        store = f"sqlite:///{request.getfixturevalue('cpu_sweep')['store'] / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    chapter = path.stem.split("-", 1)[1]
+    mlflow.set_tracking_uri(store)
+    before = {r.info.run_id for r in mlflow.search_runs(experiment_names=[chapter], output_format="list")}
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(
         nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
@@ -74,15 +83,12 @@ def test_notebook_executes_from_a_clean_kernel(path, tmp_path, monkeypatch):
         "image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs
     )
     assert images >= 3, "budget chart, reward curves and budget-vs-measured bars are drawn inline"
-    import mlflow
-
-    mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
-    chapter = path.stem.split("-", 1)[1]
     runs = mlflow.search_runs(experiment_names=[chapter], output_format="list")
-    assert runs, f"the notebook left no run in experiment {chapter}"
+    assert runs, f"no run in experiment {chapter} for the notebook to read"
     for run in runs:
-        assert run.info.status == "FINISHED"
-        shutil.rmtree(REPO_ROOT / "outputs" / chapter / run.info.run_name, ignore_errors=True)
+        if run.info.run_id not in before:  # the notebook's own runs all finished
+            assert run.info.status == "FINISHED", run.info.run_name
+            shutil.rmtree(REPO_ROOT / "outputs" / chapter / run.info.run_name, ignore_errors=True)
 
 
 def test_jupyter_lab_from_the_readme_serves_the_notebooks(tmp_path):

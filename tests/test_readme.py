@@ -29,6 +29,34 @@ RUN_ELSEWHERE = {
         '["mlflow", "ui", "--backend-store-uri", "sqlite:///mlflow.db"]',
     ),
     "uv run jupyter lab": ("tests/test_notebooks.py", '["uv", "run", "jupyter", "lab"]'),
+    # Chapter 2's CPU sweep: its fixture runs the README's sweep with --run-refused (the same sweep,
+    # then the refused cell run anyway).
+    "uv run python labs/grpo-sizing/train.py": (
+        "tests/conftest.py",
+        'README_SWEEP = ["uv", "run", "python", "labs/grpo-sizing/train.py"]',
+    ),
+    "uv run python labs/grpo-sizing/train.py --run-refused": (
+        "tests/conftest.py",
+        'README_SWEEP_REFUSED = ["uv", "run", "python", "labs/grpo-sizing/train.py", "--run-refused"]',
+    ),
+    # Chapter 1's other commands: the end-to-end test scores the adapter its shared run saved; the
+    # wave of lab processes (tests/conftest.py) rehearses the CPU profile and trains countdown.
+    "uv run python labs/grpo-first/train.py --eval-only outputs/grpo-first/<run>/adapter": (
+        "tests/test_lab_end_to_end.py",
+        'run_lab(["--eval-only", str(adapter)]',
+    ),
+    "uv run python labs/grpo-first/train.py --rehearse": (
+        "tests/conftest.py",
+        'Lab("rehearse", ["--profile", "cpu", "--rehearse"]',
+    ),
+    "uv run python labs/grpo-first/train.py --task countdown": (
+        "tests/conftest.py",
+        '["--task", "countdown", "--max-steps", "2", *quick]',
+    ),
+    "uv run python -m grpolab runs --reconcile": (
+        "tests/test_run_endings.py",
+        '["uv", "run", "python", "-m", "grpolab", "runs", "--reconcile"]',
+    ),
     # The verl chapter runs in its own environment: .ci/run syncs it and runs these.
     "uv run --project labs/grpo-verl python labs/grpo-verl/train.py prepare": (
         ".ci/run",

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import json
 
-import mlflow
 import pytest
-from conftest import HAS_CUDA, run_lab
+from conftest import HAS_CUDA, only_run
 
 from grpolab import rehearsal
 
@@ -52,12 +51,12 @@ def test_the_checkpoint_is_4bit_and_built_once(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(HAS_CUDA, reason="rehearses the CPU profile; on a GPU, --rehearse rehearses Qwen3-4B")
-def test_rehearse_runs_the_lab_on_the_random_checkpoint_and_measures_it(tmp_path):
-    result = run_lab(["--profile", "cpu", "--rehearse"], tmp_path, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "=== Rehearsal: tiny-qwen3 with random weights" in result.stdout
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (run,) = mlflow.search_runs(experiment_names=["grpo-first"], output_format="list")
+def test_rehearse_runs_the_lab_on_the_random_checkpoint_and_measures_it(wave):
+    """`train.py --profile cpu --rehearse`, run in the wave (tests/conftest.py)."""
+    lab = wave["labs"]["rehearse"]
+    assert wave["codes"]["rehearse"] == 0, lab.log()
+    assert "=== Rehearsal: tiny-qwen3 with random weights" in lab.stdout
+    run = only_run(wave["client"], lab)
     assert run.info.status == "FINISHED" and run.data.tags["run_kind"] == "rehearsal"
     assert run.info.run_name.startswith("rehearse-cpu-")
     assert run.data.params["max_steps"] == str(rehearsal.REHEARSAL_STEPS)

@@ -33,7 +33,7 @@ from pathlib import Path
 import mlflow
 import pytest
 import torch
-from conftest import HAS_CUDA, LAB_DIR, REPO_ROOT
+from conftest import HAS_CUDA, LAB_DIR, REPO_ROOT, SIGNALLED, STEPS_BEFORE_SIGNAL, only_run
 
 from grpolab import endings, tracking
 from grpolab.atomic import save_pretrained_atomically
@@ -442,146 +442,7 @@ def test_a_half_written_checkpoint_is_removed_and_the_previous_one_kept(store, t
     assert tags["mlflow.note.content"] == f"Failed at step 4 of 10: {message}."
 
 
-# --- real lab processes: one wave on a fresh store ------------------------------------------------
-SIGNALLED = {
-    "SIGINT": signal.SIGINT,
-    "SIGTERM": signal.SIGTERM,
-    "SIGHUP": signal.SIGHUP,
-    "SIGKILL": signal.SIGKILL,
-}
-STEPS_BEFORE_SIGNAL = 2
-WAVE_TIMEOUT_S = 1800
-
-
-def _default_signals() -> None:
-    """A lab as a terminal starts it, even when pytest runs under nohup or in a background job."""
-    for signum in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_DFL)
-
-
-class Lab:
-    """One lab process; a thread reads its output, counts training steps (TRL prints a log dict
-    with 'step_time' per step) and calls `at_step` once when `STEPS_BEFORE_SIGNAL` have been printed."""
-
-    def __init__(self, name: str, args: list[str], uri: str, tmp: Path, at_step=None) -> None:
-        self.name, self.output = name, tmp / name
-        self.stderr_path = tmp / f"{name}.stderr"
-        self.lines: list[str] = []
-        self.steps = 0
-        self.at_step = at_step
-        with open(self.stderr_path, "w") as stderr:
-            self.process = subprocess.Popen(
-                [sys.executable, str(LAB_DIR / "train.py"), "--output-dir", str(self.output), *args],
-                cwd=REPO_ROOT,
-                env=lab_env(uri),
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                text=True,
-                preexec_fn=_default_signals,
-            )
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            self.lines.append(line)
-            if "'step_time'" in line:
-                self.steps += 1
-                if self.steps == STEPS_BEFORE_SIGNAL and self.at_step is not None:
-                    self.at_step(self)
-
-    def wait(self, timeout: float) -> int:
-        code = self.process.wait(timeout=timeout)
-        self.reader.join(timeout=10)
-        return code
-
-    @property
-    def stdout(self) -> str:
-        return "".join(self.lines)
-
-    @property
-    def stderr(self) -> str:
-        return self.stderr_path.read_text()
-
-    def log(self) -> str:
-        return f"--- {self.name} stdout ---\n{self.stdout[-3000:]}\n--- stderr ---\n{self.stderr[-3000:]}"
-
-
-class FileSizeLimit:
-    """Once the lab's first checkpoint is whole, limit its file size: its next checkpoint cannot be
-    written. The limit leaves room for its MLflow store to grow (its own SQLite file, under 1 MiB
-    of growth for a few steps) and is below the checkpoint's largest file (LoRA rank 512: MBs)."""
-
-    def __init__(self, store_db: Path) -> None:
-        self.store_db = store_db
-        self.limit: int | None = None
-        self.kept: dict[str, dict[str, int]] = {}
-
-    def watch(self, lab: Lab) -> None:
-        threading.Thread(target=self._watch, args=(lab,), daemon=True).start()
-
-    def _watch(self, lab: Lab) -> None:
-        while lab.process.poll() is None:
-            whole = [p.parent for p in lab.output.glob("grpo-first/*/checkpoint-*/trainer_state.json")]
-            if whole:
-                self.limit = self.store_db.stat().st_size + 1024**2
-                resource.prlimit(lab.process.pid, resource.RLIMIT_FSIZE, (self.limit, self.limit))
-                for folder in whole:
-                    self.kept[folder.name] = {
-                        str(f.relative_to(folder)): f.stat().st_size for f in folder.rglob("*") if f.is_file()
-                    }
-                return
-            time.sleep(0.05)
-
-
-@pytest.fixture(scope="module")
-def wave(tmp_path_factory):
-    """Seven labs started at once: six on one fresh store (two that finish, one per signal), and one
-    whose disk fills, on a store of its own (the file-size limit must not reach the shared store)."""
-    tmp = tmp_path_factory.mktemp("wave")
-    uri, disk_uri = f"sqlite:///{tmp / 'mlflow.db'}", f"sqlite:///{tmp / 'disk' / 'mlflow.db'}"
-    (tmp / "disk").mkdir()
-    long = ["--max-steps", "500"]
-
-    def send(signum):
-        return lambda lab: lab.process.send_signal(signum)
-
-    disk = FileSizeLimit(tmp / "disk" / "mlflow.db")
-    started = time.perf_counter()
-    labs = {
-        "finish-1": Lab("finish-1", ["--max-steps", "2"], uri, tmp),
-        "finish-2": Lab("finish-2", ["--max-steps", "2"], uri, tmp),
-        **{name: Lab(name, long, uri, tmp, send(signum)) for name, signum in SIGNALLED.items()},
-        "disk": Lab(
-            "disk",
-            [*long, "--save-steps", "2", "--lora-rank", "512", "--max-lora-rank", "512"],
-            disk_uri,
-            tmp,
-        ),
-    }
-    disk.watch(labs["disk"])
-    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
-    try:
-        # ~3 minutes on an idle 2-core machine; generous for a shared one
-        codes = {name: lab.wait(timeout=WAVE_TIMEOUT_S) for name, lab in labs.items()}
-    finally:
-        for lab in labs.values():
-            if lab.process.poll() is None:
-                lab.process.kill()
-                lab.process.wait()
-    used = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu_s = used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime
-    print(f"\nthe wave of {len(labs)} labs: {time.perf_counter() - started:.0f} s, {cpu_s:.0f} CPU-seconds")
-    client = mlflow.MlflowClient(uri)
-    yield {"labs": labs, "codes": codes, "client": client, "uri": uri, "disk": disk, "disk_uri": disk_uri}
-
-
-def only_run(client, lab: Lab):
-    """The MLflow run a lab opened (its run name ends with the lab's pid)."""
-    experiment = client.get_experiment_by_name("grpo-first")
-    runs = client.search_runs([experiment.experiment_id], max_results=100)
-    (run,) = [r for r in runs if r.info.run_name.endswith(f"-{lab.process.pid}")]
-    return run
+# --- real lab processes: the wave (tests/conftest.py), every ending at once on a fresh store ---
 
 
 @pytest.mark.slow
@@ -593,6 +454,7 @@ def test_two_first_runs_on_a_fresh_store_both_finish(wave):
         run = only_run(wave["client"], lab)
         assert (run.info.status, run.data.tags["ending"]) == ("FINISHED", "finished")
         assert run.data.tags["mlflow.note.content"].startswith("The budget ")
+        assert run.data.params["task"] == ("countdown" if name == "finish-2" else "addition")
     # Seven processes opened a new store at once; none died in MLflow's schema migration.
     for lab in wave["labs"].values():
         assert "duplicate column" not in lab.stderr, lab.log()
@@ -638,14 +500,11 @@ def test_sigkill_leaves_a_run_that_reconcile_ends_killed_and_nothing_else(wave):
         tags={**{k: tags[k] for k in ("process.pid", "process.start_time")}, "process.host": "another-host"},
     )
     command = RECONCILE_COMMAND if shutil.which("uv") else [sys.executable, *RECONCILE_COMMAND[3:]]
-    os.environ["MLFLOW_TRACKING_URI"] = wave["uri"]
-    try:
-        with tracking.lab_run("grpo-first", "alive", {}) as alive:  # a live process's run
-            result = subprocess.run(
-                command, cwd=REPO_ROOT, env=lab_env(wave["uri"]), capture_output=True, text=True, timeout=300
-            )
-    finally:
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    # A live process's run: this one's (not through lab_run, which would reconcile the store itself).
+    alive = client.create_run(killed.info.experiment_id, run_name="alive", tags=tracking.process_tags())
+    result = subprocess.run(
+        command, cwd=REPO_ROOT, env=lab_env(wave["uri"]), capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"Ended run {killed.info.run_name} ({killed.info.run_id}) KILLED" in result.stdout
     assert (
@@ -659,7 +518,8 @@ def test_sigkill_leaves_a_run_that_reconcile_ends_killed_and_nothing_else(wave):
     assert "died without closing its run: SIGKILL" in note
     last_step = int(note.split("Last step logged: ")[1].split(";")[0])
     assert last_step >= STEPS_BEFORE_SIGNAL and "peak memory logged: " in note
-    assert client.get_run(alive.info.run_id).info.status == "FINISHED"  # it closed itself, untouched
+    assert client.get_run(alive.info.run_id).info.status == "RUNNING"  # its process lives: untouched
+    client.set_terminated(alive.info.run_id)
     assert client.get_run(other.info.run_id).info.status == "RUNNING"
 
 
