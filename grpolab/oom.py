@@ -19,7 +19,18 @@ OVER_BUDGET = 0.05  # a measured line more than 5% over its budget line counts a
 
 def is_out_of_memory(error: BaseException) -> bool:
     """torch's CUDA OOM, Python's MemoryError, torch's CPU allocator refusing an allocation, or
-    oneDNN failing to build a kernel under an address-space limit."""
+    oneDNN failing to build a kernel under an address-space limit; in `error` or in what caused it
+    (torch.compile wraps a MemoryError in its own InternalTorchDynamoError)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if _is_out_of_memory(error):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
     import torch
 
     if isinstance(error, torch.OutOfMemoryError | MemoryError):

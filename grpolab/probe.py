@@ -7,6 +7,7 @@ samples the resident set. What each figure counts is in MEMORY_LABELS, logged be
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import threading
 import time
@@ -123,6 +124,12 @@ class MemoryProbe:
             torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total))
         else:
             import psutil
+
+            # Unsloth's trainer compiles its loss at the first step, and torch.compile then loads z3
+            # (torch.fx's validator) on first use: a shared library mapped under the cap fails, and z3
+            # reports that as "libz3.so not found". Load it now: the cap is for what the step holds.
+            with contextlib.suppress(Exception):
+                import torch.fx.experimental.validator
 
             limit = psutil.Process().memory_info().vms + int(gib * GIB)
             resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))

@@ -108,6 +108,26 @@ def test_out_of_memory_errors_are_recognised():
     assert not is_out_of_memory(RuntimeError("shape mismatch"))
 
 
+def test_a_memory_error_inside_torch_compile_is_out_of_memory():
+    """Seen under --memory-cap-gib with Unsloth's trainer: dynamo wraps the MemoryError it hit."""
+    from torch._dynamo.exc import InternalTorchDynamoError
+
+    try:
+        try:
+            raise MemoryError()
+        except MemoryError as inner:
+            raise InternalTorchDynamoError("MemoryError: ") from inner
+    except InternalTorchDynamoError as error:
+        assert is_out_of_memory(error)
+    try:
+        try:
+            raise ValueError("bad shape")
+        except ValueError as inner:
+            raise InternalTorchDynamoError("ValueError: bad shape") from inner
+    except InternalTorchDynamoError as error:
+        assert not is_out_of_memory(error)
+
+
 def test_a_onednn_kernel_that_cannot_be_built_is_out_of_memory_only_under_a_memory_limit(monkeypatch):
     # Seen under --memory-cap-gib: the JIT kernel's allocation fails inside oneDNN, not torch's allocator.
     error = RuntimeError("could not create a primitive")
