@@ -86,6 +86,17 @@ def run_lab(
 
 
 README_LAB_COMMAND = ["uv", "run", "python", "labs/grpo-first/train.py"]
+# The README's lab command with flags, less its --output-dir (each test gives its own).
+README_FLAGS = [
+    "--max-steps",
+    "20",
+    "--num-generations",
+    "4",
+    "--max-completion-length",
+    "16",
+    "--learning-rate",
+    "2e-2",
+]
 
 
 @pytest.fixture(scope="session")
@@ -118,8 +129,8 @@ def cpu_lab_run(tmp_path_factory):
 # that several test files need (run-endings, the rehearsal, out of memory, a second task) start
 # together, once, on one fresh store: that is also the test that two first runs on a new store both
 # finish. One CPU thread each: nine labs on two cores would only fight over more.
+# SIGINT takes the same handler (grpolab.endings): tests/test_run_endings.py sends it in-process.
 SIGNALLED = {
-    "SIGINT": signal.SIGINT,
     "SIGTERM": signal.SIGTERM,
     "SIGHUP": signal.SIGHUP,
     "SIGKILL": signal.SIGKILL,
@@ -212,8 +223,9 @@ class FileSizeLimit:
 
 @pytest.fixture(scope="session")
 def wave(tmp_path_factory):
-    """Nine labs started at once: eight on one fresh store (two that finish, one of them on another
-    task; a rehearsal; one that runs out of memory; one per signal) and one whose disk fills, on a
+    """Eight labs started at once: seven on one fresh store (two that finish, the README's command
+    with flags and another task; a rehearsal; one that runs out of memory; one per signal) and one
+    whose disk fills, on a
     store of its own (the file-size limit must not reach the shared store). None evaluates on the
     held-out prompts (the shared README run does), so each reaches its steps sooner."""
     if HAS_CUDA:
@@ -230,7 +242,8 @@ def wave(tmp_path_factory):
     disk = FileSizeLimit(tmp / "disk" / "mlflow.db")
     started = time.perf_counter()
     labs = {
-        "finish-1": Lab("finish-1", ["--max-steps", "2", *quick], uri, tmp),
+        # the README's lab command with flags (tests/test_readme.py reads it), into the wave's folder
+        "finish-1": Lab("finish-1", README_FLAGS, uri, tmp),
         # the README's other tasks: the same loop, another task's prompts and rewards
         "finish-2": Lab("finish-2", ["--task", "countdown", "--max-steps", "2", *quick], uri, tmp),
         # the README's rehearsal of the CPU profile (tests/test_rehearsal.py reads it)

@@ -5,7 +5,6 @@ A command added to the README without a way to exercise it fails this test.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -13,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import HAS_CUDA, REPO_ROOT
+from conftest import HAS_CUDA, README_FLAGS, REPO_ROOT, only_run
 
 README = REPO_ROOT / "README.md"
 
@@ -159,17 +158,14 @@ def test_jupytext_sync_leaves_the_pair_unchanged(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(HAS_CUDA, reason="runs the CPU profile with the README's flags")
-def test_lab_with_the_readme_flags(tmp_path):
-    words = uv_or_python(LAB_WITH_FLAGS)
-    out = tmp_path / "grpo"
-    words[words.index("/tmp/grpo")] = str(out)  # same flags, a private folder
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    result = subprocess.run(words, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    import mlflow
-
-    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
-    (run,) = mlflow.search_runs(experiment_names=["grpo-first"], output_format="list")
+def test_lab_with_the_readme_flags(wave):
+    """The README's command with flags, run in the wave of lab processes (tests/conftest.py)."""
+    words = shlex.split(LAB_WITH_FLAGS)
+    flags = words[words.index("labs/grpo-first/train.py") + 1 : words.index("--output-dir")]
+    assert flags == README_FLAGS, "tests/conftest.py's README_FLAGS no longer match the README"
+    lab = wave["labs"]["finish-1"]
+    assert wave["codes"]["finish-1"] == 0, lab.log()
+    run = only_run(wave["client"], lab)
     params = run.data.params
     assert (params["max_steps"], params["num_generations"], params["per_device_train_batch_size"]) == (
         "20",
@@ -178,4 +174,5 @@ def test_lab_with_the_readme_flags(tmp_path):
     )
     assert (params["max_completion_length"], params["learning_rate"]) == ("16", "0.02")
     assert run.data.tags["overridden"] == "learning_rate,max_completion_length,max_steps,num_generations"
+    out = lab.output
     assert list(out.glob("grpo-first/*/adapter/adapter_config.json"))

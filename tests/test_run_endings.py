@@ -465,7 +465,6 @@ def test_two_first_runs_on_a_fresh_store_both_finish(wave):
 @pytest.mark.parametrize(
     ("name", "opening"),
     [
-        ("SIGINT", "Interrupted by SIGINT (Ctrl-C)"),
         ("SIGTERM", "Stopped by SIGTERM (kill, timeout, docker stop, a scheduler or a closed cloud session)"),
         ("SIGHUP", "Stopped by SIGHUP (its terminal or SSH session closed)"),
     ],
