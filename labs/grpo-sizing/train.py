@@ -66,7 +66,7 @@ GRIDS = {
     # Qwen3-4B in 4-bit on a 16 GB card, one prompt a step: 9 cells of 3 steps (about 20 minutes),
     # and the edge past 16 x 768.
     "gpu": Grid(prompts_per_step=(1,), num_generations=(4, 8, 16), max_completion_length=(256, 512, 768)),
-    # The tiny model: 2 cells of 3 steps, in under 5 minutes on 2 cores (a cell is a fresh process,
+    # The tiny model: 2 cells of 2 steps, in under 5 minutes on 2 cores (a cell is a fresh process,
     # and importing Unsloth alone takes most of a minute of CPU there). Four prompts a step: a tiny
     # model's memory moves with the number of tokens in the batch, little else.
     "cpu": Grid(prompts_per_step=(4,), num_generations=(8, 16), max_completion_length=(32,)),
