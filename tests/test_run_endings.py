@@ -158,6 +158,19 @@ def test_a_store_that_cannot_be_used_is_one_line_and_exit_2_with_nothing_written
 
 
 # --- signals, in this process ---------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def terminal_signals():
+    """Each test starts with the handlers a lab started from a terminal has, even when pytest itself
+    runs under nohup (SIGHUP ignored) or as a background job (SIGINT ignored); they come back after."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_each_catchable_signal_raises_interrupted_naming_it(signum):
     before = signal.getsignal(signal.SIGTERM)
