@@ -324,7 +324,7 @@ def announce_cpu(s: LabSettings) -> None:
     print(
         "\n"
         "=== No CUDA GPU found: running the CPU stand-in of this lab ===\n"
-        f"  model:   {s.model} (a tiny random-weight Qwen3, built offline; not Qwen3-4B)\n"
+        f"  model:   {s.model} (a tiny Qwen3 built offline: random weights, briefly warm-started; not Qwen3-4B)\n"
         f"  backend: {s.backend} (bitsandbytes 4-bit layers on CPU, generation by transformers, no vLLM)\n"
         "  The loop, the rewards, the tracking and the budget are the real ones;\n"
         "  the numbers (reward, memory, speed) are the tiny model's, not Qwen3-4B's.\n",
