@@ -42,15 +42,17 @@ class OutOfMemory(RuntimeError):
     """Memory ran out; the message is the one-line next step."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2, like every other bad input
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse whose errors are one line and exit 2, like every other bad input of a lab."""
+
+    def error(self, message: str):
         print(f"error: {message} (see --help)", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT)
 
 
 def parser(description: str) -> argparse.ArgumentParser:
     """The flags every chapter has: the profile, the run's options, and one flag per setting."""
-    ap = _Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineErrorParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--profile",
         choices=("auto", "gpu", "cpu"),
@@ -161,8 +163,6 @@ class Run:
 
     def evaluate(self, which: str, step: int) -> None:
         """Held-out accuracy, format rate and length of `which` ("base" or "adapter"), logged as eval/*."""
-        import mlflow
-
         from grpolab.evaluate import evaluate
 
         if self.settings.eval_prompts == 0 or self.trainer is None:
@@ -170,10 +170,7 @@ class Run:
         with self.meter.probe.phase(f"eval_{which}"):
             result = evaluate(self.trainer.model, self.tokenizer, self.settings, which, self.adapter_dir)
         self.evals[which] = result
-        mlflow.log_metrics(result.metrics(), step=step)
-        mlflow.log_metrics(
-            {f"eval/{which}_{k.removeprefix('eval/')}": v for k, v in result.metrics().items()}
-        )
+        log_eval(result, step)
 
 
 def run_lab(lab_dir: Path, train: Callable[[Run], None], argv: list[str] | None = None, doc: str = "") -> int:
@@ -210,6 +207,17 @@ def run_lab(lab_dir: Path, train: Callable[[Run], None], argv: list[str] | None 
     return 0
 
 
+def log_eval(result, step: int) -> None:
+    """A held-out result as eval/* at `step` (a curve over the run) and as eval/<which>_* (its value,
+    side by side with the other's in the run's metrics)."""
+    import mlflow
+
+    mlflow.log_metrics(result.metrics(), step=step)
+    mlflow.log_metrics(
+        {f"eval/{result.which}_{k.removeprefix('eval/')}": v for k, v in result.metrics().items()}
+    )
+
+
 def evaluate_saved(settings, device, args, card_note: str) -> int:
     """`--eval-only ADAPTER`: the base and a saved adapter on the held-out prompts, in a run of
     its own (tag run_kind=eval); nothing is trained or saved."""
@@ -241,10 +249,7 @@ def evaluate_saved(settings, device, args, card_note: str) -> int:
         load_adapter(model, adapter)
         results = [evaluate(model, tokenizer, settings, which, adapter) for which in ("base", "adapter")]
         for step, result in enumerate(results):
-            mlflow.log_metrics(result.metrics(), step=step)
-            mlflow.log_metrics(
-                {f"eval/{result.which}_{k.removeprefix('eval/')}": v for k, v in result.metrics().items()}
-            )
+            log_eval(result, step)
         note = " ".join(f"Held-out, {r.line()}." for r in results)
         mlflow.set_tag("mlflow.note.content", note)
     print("\n".join(f"Held-out, {r.line()}" for r in results))

@@ -148,7 +148,7 @@ class LabSettings:
 
     def as_params(self) -> dict[str, str]:
         """Every setting as a string, for MLflow params."""
-        return {name: _text(getattr(self, name)) for name in FIELDS}
+        return {name: flag_text(getattr(self, name)) for name in FIELDS}
 
     def replace(self, **changes: Any) -> LabSettings:
         return dataclasses.replace(self, **changes)
@@ -213,7 +213,7 @@ def lab_settings(
     if missing:
         raise LabSettingsError(f"{path} [profile.{profile}] lacks {', '.join(missing)}")
     values["target_modules"] = tuple(values["target_modules"])
-    values["use_gradient_checkpointing"] = _text(values["use_gradient_checkpointing"])
+    values["use_gradient_checkpointing"] = flag_text(values["use_gradient_checkpointing"])
     return LabSettings(**values, lab_dir=str(lab_dir), overridden=frozenset(given))
 
 
@@ -280,7 +280,8 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _text(value: Any) -> str:
+def flag_text(value: Any) -> str:
+    """A setting's value as its flag takes it (and as MLflow params show it)."""
     if isinstance(value, tuple):
         return ",".join(value)
     if isinstance(value, bool):

@@ -37,7 +37,17 @@ from typing import Any
 from budgets import BudgetError, compute, get_card
 from budgets.cards import card_for_device
 from budgets.units import GIB, human_bytes
-from grpolab.settings import FLAGS, LabSettingsError, add_flags, check, flag, lab_settings, overrides_from
+from grpolab.session import OneLineErrorParser
+from grpolab.settings import (
+    FLAGS,
+    LabSettingsError,
+    add_flags,
+    check,
+    flag,
+    flag_text,
+    lab_settings,
+    overrides_from,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KNOBS = ("prompts_per_step", "num_generations", "max_completion_length")
@@ -596,12 +606,6 @@ def chart(outcomes: list[Outcome], host: Host):
 
 
 # --- the sweep ---------------------------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2, like every other bad input of a lab
-        print(f"error: {message} (see --help)", file=sys.stderr)
-        raise SystemExit(EXIT_BAD_INPUT)
-
-
 def _ints(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(","))
@@ -613,7 +617,7 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def parser(description: str, grids: dict[str, Grid], cpu_cap_gib: float) -> argparse.ArgumentParser:
-    ap = _Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineErrorParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--profile",
         choices=("auto", "gpu", "cpu"),
@@ -708,14 +712,7 @@ def _forwarded(output_dir: Path, overrides: dict[str, Any]) -> list[str]:
     sweep's command line changed."""
     words = ["--output-dir", str(output_dir)]
     for name, value in overrides.items():
-        text = (
-            ",".join(value)
-            if isinstance(value, tuple)
-            else str(value).lower()
-            if isinstance(value, bool)
-            else str(value)
-        )
-        words += [flag(name), text]
+        words += [flag(name), flag_text(value)]
     return words
 
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import LAB_DIR, TRAINER_LABS
 
 from grpolab.session import parser
-from grpolab.settings import FLAGS, LabSettingsError, check, lab_settings, overrides_from
+from grpolab.settings import FLAGS, LabSettingsError, check, flag_text, lab_settings, overrides_from
 
 PROFILES = ["gpu", "cpu"]
 
@@ -36,14 +36,7 @@ def test_every_setting_is_a_flag_that_overrides_lab_toml(lab):
     base = lab_settings(lab, "cpu")
     for name in FLAGS:
         value = getattr(base, name)
-        text = (
-            ",".join(value)
-            if isinstance(value, tuple)
-            else str(value).lower()
-            if isinstance(value, bool)
-            else str(value)
-        )
-        args = ap.parse_args([f"--{name.replace('_', '-')}", text])
+        args = ap.parse_args([f"--{name.replace('_', '-')}", flag_text(value)])
         assert overrides_from(args) == {name: value}, name
 
 
