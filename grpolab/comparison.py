@@ -112,6 +112,29 @@ def compare(sheet, measured: dict[str, int], total_measured: int, on_gpu: bool) 
     )
 
 
+# The probe's per-step phases and the sheet's phases they measure.
+STEP_PHASES = {"generate": "generate", "train_step": "train"}
+
+
+def phase_pairs(sheet, step_phase_peaks: dict) -> dict[str, float]:
+    """The step's two moments, budget beside measured, in GiB: `phase/generate/*` (vLLM decoding the
+    rollouts) and `phase/train/*` (the trainer's forward and backward). Standby moves memory between
+    them (the KV cache is gone while training), so they are what it changes. The budget leaves out
+    other processes' memory: the measured peak is this process's. The largest step counts."""
+    other = sum(int(line.bytes) for line in sheet.lines if line.name == "other_processes")
+    out: dict[str, float] = {}
+    for probe_phase, sheet_phase in STEP_PHASES.items():
+        peaks = step_phase_peaks.get(probe_phase) or []
+        if not peaks:
+            continue
+        budget = sheet.phases[sheet_phase] - other
+        measured = max(peak.process_bytes for peak in peaks)
+        out[f"phase/{sheet_phase}/budget"] = budget / GIB
+        out[f"phase/{sheet_phase}/measured"] = measured / GIB
+        out[f"phase/{sheet_phase}/rel_error"] = (measured - budget) / budget if budget else 0.0
+    return out
+
+
 def table(c: Comparison) -> str:
     """Markdown: line, formula, budget, measured, difference, how measured; the verdict on top."""
     rows = [

@@ -12,8 +12,9 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from grpolab import vllm_ledger
 from grpolab.probe import GIB, MemoryProbe
-from grpolab.tensors import grad_bytes, model_bytes_by_kind, optimizer_state_bytes, vllm_kv_cache
+from grpolab.tensors import grad_bytes, model_bytes_by_kind, optimizer_state_bytes, vllm_engine, vllm_kv_cache
 
 # TRL's methods wrapped as phases: decoding the rollouts, and one training pass.
 PHASE_METHODS = (("_generate", "generate"), ("compute_loss", "train_step"))
@@ -28,6 +29,7 @@ class Meter(TrainerCallback):
         self.step_peaks: list[tuple[int, int]] = []
         self.history: list[dict[str, float]] = []  # every logged row, for the run doctor
         self._decode: list[tuple[int, float]] = []  # (completion tokens, seconds) per generation
+        self.vllm_log: list[str] = []  # vLLM's start-up lines, captured while the policy loads (GPU)
 
     # --- attaching ------------------------------------------------------------------------------
     def attach(self, trainer) -> None:
@@ -97,6 +99,11 @@ class Meter(TrainerCallback):
             "perf/generation_vs_estimate": seconds / max(m["generation_seconds_estimate"], 1e-9),
         }
 
+    def vllm_ledger(self) -> vllm_ledger.Ledger | None:
+        """What the in-process vLLM engine reported at start-up (GPU), or None without one."""
+        engine = vllm_engine(self.trainer.model) if self.trainer is not None else None
+        return None if engine is None else vllm_ledger.from_engine(engine, self.vllm_log)
+
     def lines(self) -> dict[str, int]:
         """What could be measured of each budget line, in bytes."""
         measured: dict[str, int] = {}
@@ -105,6 +112,9 @@ class Meter(TrainerCallback):
             kv = vllm_kv_cache(self.trainer.model)
             if kv:
                 measured["kv_cache"] = kv["kv_cache_bytes"]
+            ledger = self.vllm_ledger()
+            if ledger is not None:  # vLLM's own figures for the lines of its share
+                measured.update(ledger.lines({line.name for line in self.sheet.lines}))
         measured.update(self.measured)
         if self.probe.context_bytes is not None:
             measured["cuda_context"] = self.probe.context_bytes

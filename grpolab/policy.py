@@ -50,6 +50,9 @@ def load_policy(s: LabSettings):
         fast_inference=s.fast_inference,
         gpu_memory_utilization=s.gpu_memory_utilization,
         max_lora_rank=s.max_lora_rank,
+        # Standby: vLLM's KV cache is released while the trainer runs. The loader refuses the keyword
+        # unless UNSLOTH_VLLM_STANDBY=1 was set before Unsloth was imported (grpolab.cuda_env does).
+        **({"unsloth_vllm_standby": True} if s.unsloth_vllm_standby else {}),
     )
     if s.dtype == "float32":
         # Unsloth's GPU loader marks a float32 request; its CPU loader does not, and without the mark

@@ -86,6 +86,7 @@ class MemoryProbe:
         self.device_used_peak_bytes = 0
         self._sampler = Sampler(self._read, interval_s)
         self._started = False
+        self._peak_resets: dict[tuple[object, str], Callable] = {}  # torch's resets, while guarded
 
     def _read(self) -> int:
         if not self.on_gpu:
@@ -100,6 +101,7 @@ class MemoryProbe:
         if not self._started:
             if self.on_gpu:
                 self.context_bytes = self.device.measure_context()
+                self.guard_peak_resets()
             else:
                 self.host_runtime_bytes = _rss_bytes()
             self._sampler.start()
@@ -108,6 +110,48 @@ class MemoryProbe:
 
     def stop(self) -> None:
         self._sampler.stop()
+        for (owner, name), original in self._peak_resets.items():
+            setattr(owner, name, original)
+        self._peak_resets.clear()
+
+    def guard_peak_resets(self) -> None:
+        """Credit torch's peaks to the open phases before anyone else resets them.
+
+        vLLM resets torch's peak counters while it starts (`torch.accelerator.reset_peak_memory_stats`
+        in its memory profiling, `torch.cuda.reset_peak_memory_stats` through its platform), in the
+        middle of the "load" phase: without this, the load's torch peak would be what came after the
+        last reset only. The originals are put back by `stop`."""
+        import torch
+
+        for owner in (torch.cuda, torch.cuda.memory, getattr(torch, "accelerator", None)):
+            original = getattr(owner, "reset_peak_memory_stats", None)
+            if original is None or (owner, "reset_peak_memory_stats") in self._peak_resets:
+                continue
+
+            def guarded(*args, _original=original, **kwargs):
+                self._credit_torch_peaks()
+                return _original(*args, **kwargs)
+
+            self._peak_resets[(owner, "reset_peak_memory_stats")] = original
+            owner.reset_peak_memory_stats = guarded
+
+    def _credit_torch_peaks(self) -> tuple[int, int]:
+        """torch's allocated and reserved peaks since the last reset, credited to every open phase."""
+        import torch
+
+        allocated, reserved = int(torch.cuda.max_memory_allocated()), int(torch.cuda.max_memory_reserved())
+        for open_phase in self._open:
+            open_phase.torch_allocated_bytes = max(open_phase.torch_allocated_bytes, allocated)
+            open_phase.torch_reserved_bytes = max(open_phase.torch_reserved_bytes, reserved)
+        return allocated, reserved
+
+    def _reset_torch_peaks(self) -> None:
+        import torch
+
+        reset = self._peak_resets.get(
+            (torch.cuda, "reset_peak_memory_stats"), torch.cuda.reset_peak_memory_stats
+        )
+        reset()
 
     def cap(self, gib: float) -> None:
         """Let memory grow by at most `gib` beyond what is held now, to rehearse an out-of-memory.
@@ -138,20 +182,12 @@ class MemoryProbe:
     def _fold(self) -> None:
         """Read the peaks since the last fold and credit them to every open phase."""
         process = self._sampler.take_window()
-        allocated = reserved = 0
         if self.on_gpu:
-            import torch
-
-            allocated, reserved = (
-                int(torch.cuda.max_memory_allocated()),
-                int(torch.cuda.max_memory_reserved()),
-            )
-            torch.cuda.reset_peak_memory_stats()
+            self._credit_torch_peaks()
+            self._reset_torch_peaks()
         self._step_peak = max(self._step_peak, process)
         for open_phase in self._open:
             open_phase.process_bytes = max(open_phase.process_bytes, process)
-            open_phase.torch_allocated_bytes = max(open_phase.torch_allocated_bytes, allocated)
-            open_phase.torch_reserved_bytes = max(open_phase.torch_reserved_bytes, reserved)
 
     @contextmanager
     def phase(self, name: str, keep: bool = True) -> Iterator[PhasePeak]:

@@ -7,7 +7,9 @@ nothing; the memory is the real model's: every tensor has its shape and dtype, a
 never emit the end-of-turn token, so every completion runs to max_completion_length (the worst case).
 
 The shape comes from the checkpoint's own config.json when it is in the local Hugging Face cache
-(its quantization_config included), else from the shipped config in budgets/models/. The tokenizer
+(its quantization_config included, so what it keeps in 16 bit stays in 16 bit), else from the
+shipped config in budgets/models/. The build runs in a process of its own, in a folder the user can
+choose (`--rehearsal-dir`, default `<output-dir>/rehearsal`), checked for room first. The tokenizer
 is the CPU stand-in's character-level one, padded with filler tokens to the model's vocabulary so
 every id the random model samples decodes: a character per token makes prompts longer than a BPE
 tokenizer would, which errs on the side of memory.
@@ -18,12 +20,17 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from budgets.shapes import catalog, hub_cache_config, load_shape
+from budgets.units import GIB
 from grpolab.atomic import save_pretrained_atomically
-from grpolab.settings import LabSettings
-from grpolab.tiny_model import CACHE_ROOT, build_tokenizer
+from grpolab.settings import LabSettings, LabSettingsError
+from grpolab.tiny_model import REPO_ROOT, build_tokenizer
 
 REHEARSAL_SEED = 0
 REHEARSAL_STEPS = 3  # enough for every phase to reach its peak: load, generate, train, optimizer step
@@ -52,44 +59,108 @@ def rehearsal_tokenizer(vocab_size: int):
     return tokenizer
 
 
-def build(model: str, root: Path = CACHE_ROOT / "rehearsal") -> tuple[Path, str]:
-    """The rehearsal checkpoint of `model` (built once, under a lock, atomically): its folder, and the
-    config.json its shape was read from."""
+class RehearsalError(LabSettingsError):
+    """The rehearsal checkpoint cannot be built here; the message is one line with the fix."""
+
+
+def space_needed(model: str) -> tuple[int, int]:
+    """Bytes the build writes at its peak: the 16-bit staging copy of the random weights, and the
+    4-bit checkpoint made from it (both exist until the staging copy is removed)."""
+    from budgets.arithmetic import base_weight_parts
+
+    shape = load_shape(model)
+    return shape.total_params() * 2, sum(base_weight_parts(shape, "nf4", 2).values())
+
+
+def build(model: str, root: Path) -> tuple[Path, str]:
+    """The rehearsal checkpoint of `model` under `root` (built once, under a lock, atomically): its
+    folder, and the config.json its shape was read from.
+
+    The build runs in a process of its own. It imports transformers and bitsandbytes and, on a GPU,
+    quantizes there: none of that may happen in the lab's process before Unsloth is imported
+    (grpolab.cuda_env), and what the build leaves in torch's CUDA cache would shrink vLLM's share
+    (Unsloth sizes it from the free memory). A process that exits gives everything back."""
     config, source = source_config(model)
     key = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
     final = root / f"{load_shape(model).name.replace('/', '--')}-{key}"
     if (final / "config.json").is_file():
         return final, source
+    require_room(model, root)
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f".{final.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (final / "config.json").is_file():
-            save_pretrained_atomically(_random_4bit(config), rehearsal_tokenizer(config["vocab_size"]), final)
+            built = subprocess.run(
+                [sys.executable, "-m", "grpolab.rehearsal", model, str(final)],
+                cwd=REPO_ROOT,
+                capture_output=True,
+                text=True,
+            )
+            if built.returncode != 0:
+                lines = [line for line in built.stderr.splitlines() if line.strip()]
+                raise RehearsalError(
+                    f"rehearsal: building {model}'s random checkpoint failed: {lines[-1] if lines else built.returncode}"
+                )
     return final, source
 
 
-def _random_4bit(config: dict):
-    """Random weights of the config's shape, quantized to NF4 by bitsandbytes as they load."""
-    import tempfile
+def require_room(model: str, root: Path) -> None:
+    """Refuse in one line, before anything is written, a folder without room for the build."""
+    staging, checkpoint = space_needed(model)
+    existing = next((p for p in (root, *root.parents) if p.exists()), Path("/"))
+    free = shutil.disk_usage(existing).free
+    needed = int((staging + checkpoint) * 1.05)  # configs, the tokenizer, the file system's rounding
+    if free < needed:
+        raise RehearsalError(
+            f"rehearsal: building {model}'s random checkpoint in {root} needs {needed / GIB:.2f} GiB (a 16-bit "
+            f"staging copy of {staging / GIB:.2f} GiB and the 4-bit checkpoint of {checkpoint / GIB:.2f} GiB) but "
+            f"{existing} has {free / GIB:.2f} GiB free: pass --rehearsal-dir with a folder on a larger disk"
+        )
 
+
+def quantization(config: dict):
+    """The checkpoint's own bitsandbytes settings when the source config has them (what it keeps in 16
+    bit, its quant type, its storage), else the NF4 of Unsloth's bnb-4bit uploads."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig
+    from transformers import BitsAndBytesConfig
 
-    config = {k: v for k, v in config.items() if k != "quantization_config"}
-    hf_config = AutoConfig.for_model(**config)
+    own = config.get("quantization_config") or {}
+    if own.get("quant_method") == "bitsandbytes" and own.get("load_in_4bit"):
+        return BitsAndBytesConfig.from_dict(dict(own))
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )
+
+
+def _random_4bit(config: dict, staging: Path):
+    """Random weights of the config's shape, saved in 16 bit to `staging`, then loaded back quantized
+    by bitsandbytes with the checkpoint's own quantization settings."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    quant = quantization(config)
+    hf_config = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "quantization_config"})
     torch.manual_seed(REHEARSAL_SEED)
-    with tempfile.TemporaryDirectory() as staging:
-        AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16).save_pretrained(staging)
-        quant = BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=torch.bfloat16,
-        )
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        return AutoModelForCausalLM.from_pretrained(
-            staging, quantization_config=quant, dtype=torch.bfloat16, device_map=device
-        )
+    AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16).save_pretrained(staging)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return AutoModelForCausalLM.from_pretrained(
+        staging, quantization_config=quant, dtype=torch.bfloat16, device_map=device
+    )
+
+
+def _build_here(model: str, final: Path) -> None:
+    """The build itself, in the process `build` starts: staged beside the checkpoint, not in a
+    temp folder (a RAM-backed /tmp would hold 8 GB for Qwen3-4B), and removed whatever happens."""
+    config, _ = source_config(model)
+    staging = final.parent / f".staging-{final.name}-{os.getpid()}"
+    try:
+        model_4bit = _random_4bit(config, staging)
+        save_pretrained_atomically(model_4bit, rehearsal_tokenizer(config["vocab_size"]), final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def vllm_importable() -> bool:
@@ -117,3 +188,7 @@ def rehearsal_settings(s: LabSettings) -> tuple[LabSettings, list[str]]:
             "(kv_cache, vllm_lora_slots, vllm_profile_activations, cuda_graphs) are not measured"
         )
     return s.replace(**changes), cannot
+
+
+if __name__ == "__main__":  # `build` runs the build here, in a process of its own
+    _build_here(sys.argv[1], Path(sys.argv[2]))

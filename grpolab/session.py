@@ -89,6 +89,19 @@ def parser(description: str) -> argparse.ArgumentParser:
         "saved in 4-bit), a few steps, every budget line measured",
     )
     run.add_argument(
+        "--rehearsal-dir",
+        type=Path,
+        metavar="DIR",
+        help="where --rehearse builds the random checkpoint (default: <output-dir>/rehearsal); it needs room "
+        "for a 16-bit staging copy and the 4-bit checkpoint, checked before it starts",
+    )
+    run.add_argument(
+        "--record-memory-history",
+        action="store_true",
+        help="GPU: record the stack of every CUDA allocation for the whole run (slows each step; an "
+        "out-of-memory snapshot then says who allocated what, for pytorch.org/memory_viz)",
+    )
+    run.add_argument(
         "--eval-only",
         type=Path,
         metavar="ADAPTER",
@@ -128,9 +141,11 @@ class Run:
         """The 4-bit base with its LoRA adapter, loaded and measured as the "load" phase."""
         from grpolab import policy
         from grpolab.unsloth_trainer import grpo_trainer_class
+        from grpolab.vllm_ledger import capture
 
-        with self.meter.probe.phase("load"):
+        with self.meter.probe.phase("load"), capture() as vllm_lines:
             model, self.tokenizer = policy.load_policy(self.settings)
+        self.meter.vllm_log = vllm_lines  # vLLM's start-up lines, for what its engine does not keep
         # From here `from trl import GRPOTrainer` is Unsloth's generated trainer on both profiles: on a
         # GPU `import unsloth` swaps it in; on the CPU stand-in an internal import does the same.
         grpo_trainer_class()
@@ -176,7 +191,7 @@ class Run:
 def run_lab(lab_dir: Path, train: Callable[[Run], None], argv: list[str] | None = None, doc: str = "") -> int:
     """Parse, check, budget, run `train` inside a measured MLflow run; returns the exit code."""
     args = parser(doc.split("\n\n")[0] if doc else "").parse_args(argv)
-    from grpolab import endings, store, tracking
+    from grpolab import cuda_env, endings, store, tracking
 
     try:  # first: a wrong tracking URI costs seconds and one line, not a loaded model
         store.require(tracking.tracking_uri())
@@ -184,16 +199,20 @@ def run_lab(lab_dir: Path, train: Callable[[Run], None], argv: list[str] | None 
         return _refuse(err)
     try:
         device, settings, sheet, card_note = prepare(lab_dir, args)
+        # Before anything touches CUDA: standby's switch, then Unsloth, which configures the allocator.
+        cuda = cuda_env.configure(settings.unsloth_vllm_standby)
     except (LabSettingsError, BudgetError) as err:
         return _refuse(err)
+    if cuda.note:
+        print(cuda.note, flush=True)
     if args.eval_only is not None:
-        return evaluate_saved(settings, device, args, card_note)
+        return evaluate_saved(settings, device, args, card_note, cuda)
     try:
         dataset = prompts(settings)
     except LabSettingsError as err:  # found only once the tokenizer exists (prompt lengths)
         return _refuse(err)
     try:
-        with session(settings, sheet, device, args, dataset, card_note) as run:
+        with session(settings, sheet, device, args, dataset, card_note, cuda=cuda) as run:
             train(run)
     except OutOfMemory as err:
         print(f"\nerror: {err}", file=sys.stderr)  # on a line of its own, after the progress bar
@@ -218,7 +237,7 @@ def log_eval(result, step: int) -> None:
     )
 
 
-def evaluate_saved(settings, device, args, card_note: str) -> int:
+def evaluate_saved(settings, device, args, card_note: str, cuda=None) -> int:
     """`--eval-only ADAPTER`: the base and a saved adapter on the held-out prompts, in a run of
     its own (tag run_kind=eval); nothing is trained or saved."""
     from grpolab import policy  # Unsloth first: it patches transformers and TRL
@@ -244,7 +263,7 @@ def evaluate_saved(settings, device, args, card_note: str) -> int:
     with tracking.lab_run(
         settings.chapter, f"eval-{tracking.run_name(settings.profile)}", tags
     ) as mlflow_run:
-        tracking.log_context(settings, device, card_note)
+        tracking.log_context(settings, device, card_note, cuda)
         model, tokenizer = policy.load_policy(settings)
         load_adapter(model, adapter)
         results = [evaluate(model, tokenizer, settings, which, adapter) for which in ("base", "adapter")]
@@ -266,7 +285,7 @@ def prepare(lab_dir: Path, args: argparse.Namespace):
     """Device, settings and sheet, checked before anything loads; prints the sheet."""
     from budgets import compute, get_card
     from budgets.cards import card_for_device
-    from grpolab.device import DeviceError, detect
+    from grpolab.device import DeviceError, detect, resolve_other_processes
 
     try:
         device = detect()
@@ -292,9 +311,13 @@ def prepare(lab_dir: Path, args: argparse.Namespace):
     plan = settings.plan()
     card_note = f"{settings.gpu} (lab.toml)"
     if device.on_gpu and "gpu" not in settings.overridden:
-        # The card the run is really on, and what other processes already hold on it.
+        # The card the run is really on, and what other processes already hold on it: measured
+        # before this process touched CUDA, and never below what the user gave.
         card, card_note = card_for_device(device.name, device.total_bytes)
-        plan = plan.with_(gpu=card, other_processes_gib=device.other_bytes_at_start / 1024**3)
+        given_by = "--other-processes-gib" if "other_processes_gib" in settings.overridden else "lab.toml"
+        other_gib, other_note = resolve_other_processes(device, settings.other_processes_gib, given_by)
+        print(other_note, flush=True)
+        plan = plan.with_(gpu=card, other_processes_gib=other_gib)
     elif profile == "gpu":
         card_note = f"{get_card(settings.gpu).name} (--gpu)" if "gpu" in settings.overridden else card_note
     sheet = compute(plan)
@@ -304,11 +327,11 @@ def prepare(lab_dir: Path, args: argparse.Namespace):
     if profile == "cpu" and not args.rehearse:
         announce_cpu(settings)
     if args.rehearse:
-        settings = rehearse(settings, cannot)
+        settings = rehearse(settings, cannot, args.rehearsal_dir or args.output_dir / "rehearsal")
     return device, settings, sheet, card_note
 
 
-def rehearse(s: LabSettings, cannot: list[str]) -> LabSettings:
+def rehearse(s: LabSettings, cannot: list[str], root: Path) -> LabSettings:
     """Build (or reuse) the rehearsal checkpoint of the lab's model and point the settings at it."""
     from grpolab import rehearsal
 
@@ -320,7 +343,7 @@ def rehearse(s: LabSettings, cannot: list[str]) -> LabSettings:
     )
     for line in cannot:
         print(f"  {line}", flush=True)
-    path, source = rehearsal.build(s.model)
+    path, source = rehearsal.build(s.model, root)
     print(f"  shape: {source}\n  checkpoint: {path}\n", flush=True)
     return s.replace(model=str(path))
 
@@ -371,7 +394,7 @@ def prompts(s: LabSettings):
 
 @contextmanager
 def session(
-    settings, sheet, device, args, dataset, card_note: str = "", nested: bool = False
+    settings, sheet, device, args, dataset, card_note: str = "", nested: bool = False, cuda=None
 ) -> Iterator[Run]:
     """An MLflow run around one training: measured, ended with the status it earned, its adapter saved.
 
@@ -384,10 +407,13 @@ def session(
     from grpolab.probe import MemoryProbe
 
     probe = MemoryProbe(device, interval_s=args.memory_sample_ms / 1000).start()
-    if device.on_gpu:
+    if device.on_gpu and records_memory_history(args):
         import torch
 
-        torch.cuda.memory._record_memory_history(max_entries=100_000)  # for a snapshot on OOM
+        # Every allocation's stack, for the out-of-memory snapshot; it slows each step, so only on request
+        # (without it the snapshot still shows every segment and block, with no stacks). A run capped to
+        # rehearse an out-of-memory asks for it.
+        torch.cuda.memory._record_memory_history(max_entries=100_000)
     name = tracking.run_name(("rehearse-" if getattr(args, "rehearse", False) else "") + settings.profile)
     run = Run(
         settings, sheet, device, args, dataset, args.output_dir / settings.chapter / name, Meter(probe, sheet)
@@ -409,7 +435,13 @@ def session(
             getattr(args, "parent_run_id", None),
         ) as mlflow_run:
             run.mlflow_run = mlflow_run
-            tracking.log_context(settings, device, card_note)
+            tracking.log_context(settings, device, card_note, cuda)
+            if device.on_gpu:  # CUDA is up now (the probe measured its context): what the allocator got
+                import mlflow
+
+                from grpolab.cuda_env import allocator_settings
+
+                mlflow.set_tag("cuda_allocator_settings", allocator_settings())
             tracking.log_sheet(sheet)
             try:
                 yield run
@@ -451,6 +483,14 @@ def session(
     ]
 
 
+def records_memory_history(args: argparse.Namespace) -> bool:
+    """Whether the run records every CUDA allocation's stack: when asked, or when it rehearses an
+    out-of-memory on purpose (--memory-cap-gib). Recording slows every step the perf/* figures time."""
+    return bool(
+        getattr(args, "record_memory_history", False) or getattr(args, "memory_cap_gib", None) is not None
+    )
+
+
 def _save_adapter(run: Run) -> None:
     """The adapter, saved atomically; a full disk ends the run FAILED (endings.DiskFull)."""
     from grpolab import endings
@@ -488,7 +528,13 @@ def _log_measurement(run: Run, status: str, doctor: str = "") -> None:
     note = c.verdict() + ("" if status == "FINISHED" else f" (run ended {status}: figures so far)")
     note += f"\n\n{doctor}" if doctor else ""
     figure = comparison.chart(c, meter.step_peaks, run.sheet.total_bytes)
-    tracking.log_comparison(c, figure, meter.probe.summary(), MEMORY_LABELS, note)
+    extra = meter.probe.summary()
+    if run.device.on_gpu:
+        # The phases standby changes, budget beside measured, and vLLM's own start-up figures.
+        extra |= comparison.phase_pairs(run.sheet, meter.probe.step_phase_peaks)
+        ledger = meter.vllm_ledger()
+        extra |= ledger.metrics() if ledger is not None else {}
+    tracking.log_comparison(c, figure, extra, MEMORY_LABELS, note)
 
 
 def _log_out_of_memory(run: Run, error: BaseException) -> str:

@@ -250,6 +250,17 @@ def check(s: LabSettings) -> None:
         )
     if s.learning_rate <= 0:
         raise LabSettingsError(f"learning_rate: must be positive, got {s.learning_rate}")
+    if s.fast_inference and s.dtype == "float32":
+        # unsloth_zoo's load_vllm raises "We do not support dtype = float32 yet!" deep in the load.
+        raise LabSettingsError(
+            "dtype: vLLM in Unsloth (fast_inference) does not run float32: pass --dtype auto (bfloat16, or "
+            "float16 on cards without bf16), or --fast-inference false to generate with transformers"
+        )
+    if s.unsloth_vllm_standby and not s.fast_inference:
+        raise LabSettingsError(
+            "unsloth_vllm_standby: standby puts Unsloth's in-process vLLM to sleep while the trainer runs, and "
+            "fast_inference is false (no vLLM): pass --fast-inference true or --unsloth-vllm-standby false"
+        )
     _check_model(s)
     try:
         resolve(s.plan())

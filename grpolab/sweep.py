@@ -14,8 +14,8 @@ chapter 1's names. The sweep reads them back, puts the grid side by side (a tabl
 verdict: how far the sheet was off, at worst and on average, and on which line) and logs that on
 its own run.
 
-The sweep's process never creates a CUDA context (it would sit on the card under every cell): on a
-GPU the card is read in a throwaway process. Nothing here imports Unsloth, TRL or transformers.
+The sweep's process never creates a CUDA context (it would sit on the card under every cell): the
+card is read through NVML alone (grpolab.device). Nothing here imports Unsloth, TRL or transformers.
 """
 
 from __future__ import annotations
@@ -200,38 +200,27 @@ def cpu_host(lab_dir: Path, overrides: dict[str, Any], cap_gib: float) -> Host:
     return Host("cpu", card, 0.0, card.label, cap_gib)
 
 
-# Run in a process of its own: on a GPU, detect() creates a CUDA context, which must not stay in the
-# sweep's process while the cells run.
-_DETECT = """
-import json
-from grpolab.device import DeviceError, detect
-try:
-    d = detect()
-    print(json.dumps({"on_gpu": d.on_gpu, "name": d.name, "total": d.total_bytes, "other": d.other_bytes_at_start}))
-except DeviceError as err:
-    print(json.dumps({"error": str(err)}))
-"""
-
-
 def find_host(lab_dir: Path, profile: str, overrides: dict[str, Any], cap_gib: float) -> Host:
-    """The card every cell's sheet is computed on, as the harness's `prepare` picks it for a run; on a
-    CPU, the sweep's capped host (`cap_gib`)."""
+    """The card every cell's sheet is computed on, as the harness's `prepare` picks it for a run (with
+    what other processes hold on it, read through NVML: detect() creates no CUDA context, so nothing
+    of this process sits on the card under the cells); on a CPU, the sweep's capped host (`cap_gib`)."""
+    from grpolab.device import DeviceError, detect, resolve_other_processes
+
     if profile in ("auto", "gpu"):
-        found = json.loads(
-            subprocess.run(
-                [sys.executable, "-c", _DETECT], cwd=REPO_ROOT, capture_output=True, text=True, check=True
-            )
-            .stdout.strip()
-            .splitlines()[-1]
-        )
-        if "error" in found:
-            raise LabSettingsError(found["error"])
-        if found["on_gpu"]:
+        try:
+            found = detect()
+        except DeviceError as err:
+            raise LabSettingsError(str(err)) from None
+        if found.on_gpu:
+            given = lab_settings(lab_dir, "gpu", overrides).other_processes_gib
+            given_by = "--other-processes-gib" if "other_processes_gib" in overrides else "lab.toml"
+            other_gib, other_note = resolve_other_processes(found, given, given_by)
+            print(other_note, flush=True)
             if "gpu" in overrides:
                 card = get_card(overrides["gpu"])
-                return Host("gpu", card, found["other"] / GIB, f"{card.name} (--gpu)")
-            card, note = card_for_device(found["name"], found["total"])
-            return Host("gpu", card, found["other"] / GIB, note)
+                return Host("gpu", card, other_gib, f"{card.name} (--gpu)")
+            card, note = card_for_device(found.name, found.total_bytes)
+            return Host("gpu", card, other_gib, note)
         if profile == "gpu":
             raise LabSettingsError(
                 "--profile gpu needs a CUDA GPU and torch sees none: run on a machine with an NVIDIA GPU, or "

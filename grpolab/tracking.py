@@ -234,8 +234,9 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-def log_context(settings, device, card_note: str) -> None:
-    """Everything needed to reproduce and read the run: the settings, the environment, the device."""
+def log_context(settings, device, card_note: str, cuda=None) -> None:
+    """Everything needed to reproduce and read the run: the settings, the environment (the allocator
+    configuration and standby switch it really ran with, `cuda`: a grpolab.cuda_env.CudaEnv), the device."""
     import mlflow
 
     mlflow.log_params(settings.as_params())
@@ -244,6 +245,7 @@ def log_context(settings, device, card_note: str) -> None:
             "uv_lock_sha256": lock_hash(),
             **library_versions(),
             **device.tags(),
+            **(cuda.tags() if cuda is not None else {}),
             "budget_card": card_note,
             "overridden": ",".join(sorted(settings.overridden)) or "none",
         }

@@ -296,6 +296,43 @@ print(f"the grid's largest cell: {largest}; the sweep's edge doubles its group")
 pd.DataFrame(rows).style.format(precision=2)
 
 # %% [markdown]
+# ### Standby: memory for time
+#
+# Unsloth's standby (`--unsloth-vllm-standby true`) changes two things, read from unsloth_zoo's source:
+# before loading, it raises vLLM's share to its own tier for the card (about 0.76 of a 16 GB card,
+# `gpu_memory_utilization` is overridden); and every step, once the rollouts are decoded, vLLM goes to
+# sleep: its KV cache is released (not copied anywhere: the next rollouts start from an empty cache),
+# while the 4-bit weights, shared with the trainer, stay. The trainer then has the KV cache's memory for
+# its activations and logits; before the next rollouts vLLM wakes and maps its cache again.
+#
+# So the sheet's `kv_cache` line is held while generating and not while training, and the step's peak
+# is the larger of the two phases, where without standby the cache sits under both. The price is time:
+# releasing and mapping several GiB every step. A GPU run logs both phases, budget beside measured
+# (`phase/generate/*`, `phase/train/*`), and `perf/generation_seconds` per step, so a sweep of the grid
+# with `--unsloth-vllm-standby true` beside one without shows on your card what it saves and what it
+# costs. (No GPU has run it for this notebook: the numbers below are the sheet's.)
+
+# %%
+rows = []
+for standby in (False, True):
+    s = sweep.plan_cell(
+        LAB_DIR, sweep.Host("gpu"), {"unsloth_vllm_standby": standby}, sweep.Cell(1, 8, 768)
+    ).sheet
+    rows.append(
+        {
+            "standby": standby,
+            "vLLM util handed": s.metrics["vllm"]["effective_util"],
+            "KV cache (GiB)": s.line("kv_cache").bytes / GIB,
+            "rollouts in KV": s.metrics["vllm"]["rollouts_in_kv"],
+            "generate phase (GiB)": s.phases["generate"] / GIB,
+            "train phase (GiB)": s.phases["train"] / GIB,
+            "peak (GiB)": s.total_bytes / GIB,
+            "fits": s.fits,
+        }
+    )
+pd.DataFrame(rows).style.format(precision=2)
+
+# %% [markdown]
 # ## 6. The sweep on this machine
 #
 # The lab's own sweep: every cell's sheet first, then each cell that fits as chapter 1's loop for a

@@ -13,6 +13,7 @@ import threading
 import time
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -334,3 +335,92 @@ def cpu_sweep(tmp_path_factory):
         "seconds": seconds,
         "store": store,
     }
+
+
+# --- a GPU machine as NVML and torch.cuda show it, for the order in which they are read ----------------
+class FakeNVML:
+    """pynvml's calls the module makes, over a list of cards (the hardware this machine lacks). Each
+    call is appended to `calls`, so a test can see what was read and in which order."""
+
+    def __init__(self, cards, driver="580.65.06", calls=None):
+        self.cards, self.driver = cards, driver
+        self.calls = calls if calls is not None else []
+
+    def __getattribute__(self, name):
+        if name.startswith("nvml"):
+            object.__getattribute__(self, "calls").append(f"nvml.{name}")
+        return object.__getattribute__(self, name)
+
+    def nvmlDeviceGetCount(self):
+        return len(self.cards)
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return self.cards[index]
+
+    def nvmlDeviceGetUUID(self, handle):
+        return handle["uuid"]
+
+    def nvmlDeviceGetName(self, handle):
+        return handle["name"]
+
+    def nvmlSystemGetDriverVersion(self):
+        return self.driver
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return SimpleNamespace(used=handle["used"], total=handle["total"])
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        return handle.get("procs", [])
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle):
+        return []
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle):
+        return handle.get("capability", (12, 0))
+
+
+CARDS = [
+    {"uuid": "GPU-aaaa-1111", "name": "NVIDIA GeForce RTX 4090", "used": 1 << 30, "total": 24 << 30},
+    {"uuid": "GPU-bbbb-2222", "name": "NVIDIA GeForce RTX 5080", "used": 2 << 30, "total": 16 << 30},
+]
+
+
+# torch.cuda's calls that initialise CUDA in this process (and with it torch's caching allocator,
+# which reads PYTORCH_ALLOC_CONF then, once). A stand-in torch that records them, beside NVML's.
+CUDA_INITIALISING = (
+    "get_device_properties",
+    "get_device_name",
+    "get_device_capability",
+    "mem_get_info",
+    "current_device",
+    "set_device",
+    "init",
+    "_lazy_init",
+    "memory_reserved",
+    "synchronize",
+)
+
+
+@pytest.fixture
+def gpu_machine(monkeypatch):
+    """A machine with two cards as this process sees it before CUDA is up: torch.cuda is available,
+    not initialised, and every call that would initialise it is recorded in `calls`."""
+    import torch
+
+    import grpolab.device
+
+    calls: list[str] = []
+    cards = [
+        {**CARDS[0], "capability": (8, 9)},
+        {**CARDS[1], "capability": (12, 0), "procs": [SimpleNamespace(pid=1, usedGpuMemory=2 << 30)]},
+    ]
+    nvml = FakeNVML(cards, calls=calls)
+    monkeypatch.setattr(grpolab.device, "_nvml", lambda: nvml)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    for name in CUDA_INITIALISING:
+        monkeypatch.setattr(
+            torch.cuda, name, lambda *a, _n=name, **k: calls.append(f"cuda.{_n}"), raising=False
+        )
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return SimpleNamespace(calls=calls, nvml=nvml, cards=cards)

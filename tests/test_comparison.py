@@ -3,6 +3,8 @@ what no line explains, and the CPU line measured from the step peaks."""
 
 from __future__ import annotations
 
+import pytest
+
 from grpolab.comparison import Comparison
 from grpolab.device import Device
 from grpolab.meter import Meter
@@ -69,3 +71,30 @@ def test_on_a_cpu_the_growth_over_the_steps_is_the_shape_cache_line():
         probe.stop()
     assert measured["host_shape_caches"] == 180 * MIB
     assert 0 < measured["host_runtime"] < 8 * GIB
+
+
+def test_the_steps_two_phases_are_paired_with_the_sheets_without_other_processes():
+    """Standby moves memory between generation and training: each is logged budget beside measured,
+    the largest step's, and the budget leaves out what other processes hold (not this process's peak)."""
+    from budgets import compute
+    from grpolab.comparison import phase_pairs
+    from grpolab.probe import PhasePeak
+    from grpolab.settings import lab_settings
+
+    plan = lab_settings("labs/grpo-first", "gpu").plan().with_(other_processes_gib=1.0)
+    off, on = compute(plan), compute(plan.with_(unsloth_vllm_standby=True))
+    peaks = {
+        "generate": [
+            PhasePeak("generate", process_bytes=9 << 30),
+            PhasePeak("generate", process_bytes=10 << 30),
+        ],
+        "train_step": [PhasePeak("train_step", process_bytes=11 << 30)],
+    }
+    pairs = phase_pairs(off, peaks)
+    assert pairs["phase/generate/budget"] == pytest.approx((off.phases["generate"] - (1 << 30)) / GIB)
+    assert pairs["phase/generate/measured"] == 10.0 and pairs["phase/train/measured"] == 11.0
+    assert pairs["phase/train/rel_error"] == pytest.approx(11 / pairs["phase/train/budget"] - 1)
+    # Under standby the KV cache is gone while training: the train phase's budget holds no KV cache.
+    kv = on.line("kv_cache")
+    assert "train" not in kv.phases and "generate" in kv.phases
+    assert phase_pairs(on, {}) == {}  # nothing measured, nothing paired

@@ -6,43 +6,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from conftest import CARDS, FakeNVML
 
 from budgets.cards import card_for_device
 from grpolab import device as dev
-
-
-class FakeNVML:
-    """pynvml's calls the module makes, over a list of cards (the hardware this machine lacks)."""
-
-    def __init__(self, cards, driver="580.65.06"):
-        self.cards, self.driver = cards, driver
-
-    def nvmlDeviceGetCount(self):
-        return len(self.cards)
-
-    def nvmlDeviceGetHandleByIndex(self, index):
-        return self.cards[index]
-
-    def nvmlDeviceGetUUID(self, handle):
-        return handle["uuid"]
-
-    def nvmlDeviceGetName(self, handle):
-        return handle["name"]
-
-    def nvmlSystemGetDriverVersion(self):
-        return self.driver
-
-    def nvmlDeviceGetMemoryInfo(self, handle):
-        return SimpleNamespace(used=handle["used"], total=handle["total"])
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle):
-        return handle.get("procs", [])
-
-
-CARDS = [
-    {"uuid": "GPU-aaaa-1111", "name": "NVIDIA GeForce RTX 4090", "used": 1 << 30, "total": 24 << 30},
-    {"uuid": "GPU-bbbb-2222", "name": "NVIDIA GeForce RTX 5080", "used": 2 << 30, "total": 16 << 30},
-]
 
 
 def test_nvml_is_matched_to_torchs_device_by_uuid_not_by_index():
@@ -104,3 +71,114 @@ def test_the_card_is_the_catalogs_with_its_measured_memory():
     assert card.name == "t4"
     card, how = card_for_device("NVIDIA A10G", 23028 << 20)
     assert card.memory_bytes == 23028 << 20 and "not in the catalog" in how
+
+
+# --- the card is read before CUDA is up (stand-ins: tests/conftest.py's gpu_machine) ---------------
+def test_detect_reads_the_card_through_nvml_and_never_initialises_cuda(gpu_machine, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    device = dev.detect()
+    assert not [c for c in gpu_machine.calls if c.startswith("cuda.")], gpu_machine.calls
+    assert (device.name, device.total_bytes, device.capability) == (
+        "NVIDIA GeForce RTX 5080",
+        16 << 30,
+        (12, 0),
+    )
+    assert device.uuid == "GPU-bbbb-2222" and device.driver == "580.65.06"
+    # Before this process touched CUDA, all memory in use is other processes'.
+    assert device.other_measured and device.other_bytes_at_start == 2 << 30
+    assert "1 other process(es) listed" in device.other_note
+    assert device.tags()["other_processes_gib_at_start"] == "2.00"
+
+
+@pytest.mark.parametrize(
+    ("visible", "name"),
+    [
+        (None, "NVIDIA GeForce RTX 4090"),
+        ("1,0", "NVIDIA GeForce RTX 5080"),
+        ("GPU-bbbb", "NVIDIA GeForce RTX 5080"),  # a UUID's prefix, as CUDA accepts it
+        ("GPU-aaaa-1111,GPU-bbbb-2222", "NVIDIA GeForce RTX 4090"),
+    ],
+)
+def test_cuda_visible_devices_chooses_the_card_as_cuda_does(gpu_machine, monkeypatch, visible, name):
+    if visible is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert dev.detect().name == name
+
+
+def test_a_visible_uuid_no_card_has_is_one_line(gpu_machine, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-ffff")
+    with pytest.raises(dev.DeviceError, match="no card whose UUID starts with 'GPU-ffff'"):
+        dev.detect()
+
+
+def test_cuda_numbering_the_cards_otherwise_is_followed_once_cuda_is_up(gpu_machine, monkeypatch):
+    import torch
+
+    device = dev.detect()  # NVML's first card: the RTX 4090
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid="bbbb-2222"))
+    note = device.verify_cuda()
+    assert device.name == "NVIDIA GeForce RTX 5080" and device._handle is gpu_machine.cards[1]
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in note and "\n" not in note
+    assert device.verify_cuda() == ""  # now they agree
+
+
+def test_other_processes_in_a_container_and_after_cuda_is_up(gpu_machine, monkeypatch):
+    import os
+
+    nvml, card = gpu_machine.nvml, {**CARDS[1], "used": 3 << 30}
+    used, note = dev.other_processes_bytes(nvml, card, cuda_initialised=False)
+    assert used == 3 << 30 and "lists no process (a container hides them)" in note
+    # CUDA already up in this process (a notebook's second run): its own share is subtracted...
+    card["procs"] = [SimpleNamespace(pid=os.getpid(), usedGpuMemory=1 << 30)]
+    assert dev.other_processes_bytes(nvml, card, cuda_initialised=True)[0] == 2 << 30
+    # ... unless NVML cannot see this pid: then nobody can tell, and the user's value is used.
+    card["procs"] = []
+    used, note = dev.other_processes_bytes(nvml, card, cuda_initialised=True)
+    assert used is None and "cannot be told" in note
+
+    def refuses(handle):
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+
+    monkeypatch.setattr(nvml, "nvmlDeviceGetMemoryInfo", refuses)
+    assert dev.other_processes_bytes(nvml, card, cuda_initialised=False)[0] is None
+
+
+@pytest.mark.parametrize(
+    ("measured_gib", "given_gib", "taken", "words"),
+    [
+        (1.0, 0.0, 1.0, "1.00 GiB measured"),
+        (1.0, 3.0, 3.0, "3.00 GiB from --other-processes-gib, more than the 1.00 GiB measured"),
+        (2.0, 0.5, 2.0, "more than the 0.50 GiB from --other-processes-gib: the sheet takes the larger"),
+        (None, 1.5, 1.5, "not measured"),
+    ],
+)
+def test_the_users_other_processes_gib_is_never_silently_replaced(measured_gib, given_gib, taken, words):
+    device = dev.Device(
+        "cuda",
+        other_bytes_at_start=int((measured_gib or 0) * (1 << 30)),
+        other_measured=measured_gib is not None,
+        other_note="NVML",
+    )
+    gib, note = dev.resolve_other_processes(device, given_gib, "--other-processes-gib")
+    assert gib == taken and words in note and "\n" not in note
+
+
+def test_the_lab_keeps_a_given_other_processes_gib_above_the_measured_one(gpu_machine, monkeypatch, capsys):
+    """The harness's `prepare` on a GPU: the sheet's other_processes line is the larger of NVML's 2 GiB
+    and the flag, and the line printed says which."""
+    from conftest import LAB_DIR
+
+    from grpolab.session import parser, prepare
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+
+    def other_line(flags):
+        args = parser("").parse_args(["--profile", "gpu", "--ignore-budget", *flags])
+        _, _, sheet, _ = prepare(LAB_DIR, args)
+        return sheet.line("other_processes").bytes / (1 << 30)
+
+    assert other_line(["--other-processes-gib", "3"]) == pytest.approx(3.0)
+    assert "3.00 GiB from --other-processes-gib, more than the 2.00 GiB measured" in capsys.readouterr().out
+    assert other_line(["--other-processes-gib", "0.5"]) == pytest.approx(2.0)
+    assert other_line([]) == pytest.approx(2.0)
+    assert not [c for c in gpu_machine.calls if c.startswith("cuda.")], gpu_machine.calls

@@ -48,6 +48,11 @@ def test_run_finished_and_is_tagged_with_its_profile(cpu_lab_run):
     assert tags["gpu_name"] == "cpu"
     assert len(tags["uv_lock_sha256"]) == 64
     assert tags["version/trl"] == "1.15.0" and tags["version/unsloth"]
+    # The allocator configuration Unsloth really set at import, before anything touched CUDA (on a GPU
+    # torch's allocator reads it when CUDA initialises), and the standby switch it was imported with.
+    assert tags["cuda_alloc_conf"] == "expandable_segments:True"
+    assert tags["cuda_alloc_conf_applied"].startswith("yes")
+    assert tags["unsloth_vllm_standby_env"] == "0"
 
 
 def test_every_config_value_is_a_param(cpu_lab_run):

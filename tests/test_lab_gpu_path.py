@@ -161,3 +161,13 @@ def test_unsloth_is_imported_before_trl(lab):
     assert not top & {"trl", "transformers", "torch"}, top
     policy_source = (REPO_ROOT / "grpolab" / "policy.py").read_text()
     assert "from unsloth import FastLanguageModel" in policy_source.split("def ")[0]
+
+
+def test_allocation_stacks_are_recorded_only_when_asked():
+    """Recording every CUDA allocation's stack slows the steps perf/* times: by default the run records
+    none (an out-of-memory snapshot still shows every segment), with the flag or a memory cap it does."""
+    from grpolab.session import parser, records_memory_history
+
+    assert not records_memory_history(parser("").parse_args([]))
+    assert records_memory_history(parser("").parse_args(["--record-memory-history"]))
+    assert records_memory_history(parser("").parse_args(["--memory-cap-gib", "0.5"]))

@@ -90,6 +90,8 @@ def test_the_budgets_prompt_length_follows_the_task_and_bounds_its_tokens(task):
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization: must be in (0, 1]"),
         ({"lora_rank": 32}, "max_lora_rank: 16 is below lora_rank 32"),
         ({"optim": "sgd"}, "optim: must be one of"),
+        ({"dtype": "float32", "fast_inference": True}, "does not run float32: pass --dtype auto"),
+        ({"unsloth_vllm_standby": True}, "fast_inference is false (no vLLM)"),
     ],
 )
 def test_settings_that_cannot_work_get_one_line_with_the_fix(change, words):

@@ -181,3 +181,42 @@ def test_run_context_records_versions_and_the_lock(store):
     versions = tracking.library_versions()
     assert versions["version/trl"] == "1.15.0"
     assert len(tracking.lock_hash()) == 64
+
+
+def test_a_peak_reset_by_vllm_during_the_load_still_counts_for_the_load(monkeypatch):
+    """vLLM resets torch's peak counters while it starts (torch.accelerator's reset in its memory
+    profiling, torch.cuda's through its platform): the probe credits the peak to the open phases first.
+    torch.cuda's counters are stand-ins here (no GPU); NVML's figure comes from the device."""
+    from types import SimpleNamespace
+
+    counters = {"allocated": 0, "peak": 0}
+
+    def allocate(n):
+        counters["allocated"] += n
+        counters["peak"] = max(counters["peak"], counters["allocated"])
+
+    def reset(*args, **kwargs):
+        counters["peak"] = counters["allocated"]
+
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: counters["peak"])
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: counters["peak"])
+    for owner in (torch.cuda, torch.cuda.memory, torch.accelerator):
+        monkeypatch.setattr(owner, "reset_peak_memory_stats", reset)
+    used = {"bytes": 0}
+    card = SimpleNamespace(
+        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(used=used["bytes"]),
+        nvmlDeviceGetComputeRunningProcesses=lambda h: [],
+    )
+    probe = MemoryProbe(Device("cuda", _nvml=card, _handle=None))
+    probe.guard_peak_resets()
+    try:
+        with probe.phase("load") as load:
+            allocate(5 << 30)  # the weights and the profiling pass: a 5 GiB peak ...
+            counters["allocated"] -= 4 << 30  # ... freed again
+            torch.accelerator.reset_peak_memory_stats()  # vLLM's memory profiling starts
+            allocate(1 << 29)
+            torch.cuda.reset_peak_memory_stats(0)  # and its platform's reset
+        assert load.torch_allocated_bytes == 5 << 30
+    finally:
+        probe.stop()
+    assert torch.accelerator.reset_peak_memory_stats is reset  # put back

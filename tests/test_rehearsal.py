@@ -4,6 +4,7 @@ the lab's own loader and trainer with every budget line measured."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import HAS_CUDA, only_run
@@ -32,21 +33,83 @@ def test_the_tokenizer_decodes_every_id_the_model_can_sample():
     )  # the lab's own tokens stay
 
 
-def test_the_checkpoint_is_4bit_and_built_once(tmp_path):
-    path, source = rehearsal.build("tiny-qwen3", root=tmp_path)
-    config = json.loads((path / "config.json").read_text())
-    assert config["quantization_config"]["bnb_4bit_quant_type"] == "nf4"
-    assert source.endswith("tiny-qwen3.json")
-    stamp = (path / "config.json").stat().st_mtime_ns
-    assert rehearsal.build("tiny-qwen3", root=tmp_path)[0] == path
-    assert (path / "config.json").stat().st_mtime_ns == stamp
+def test_the_checkpoint_is_built_in_its_own_process_keeping_its_quantization_config(tmp_path):
+    """Built from a checkpoint's config.json that keeps one layer in 16 bit (as Unsloth's uploads keep
+    some): 4-bit where it quantizes, 16-bit where its config says, built once; and the process that
+    asked imported neither transformers nor bitsandbytes (nor touched CUDA): the build ran in another."""
+    import subprocess
+    import sys
+
+    from conftest import REPO_ROOT
+
+    from grpolab.tiny_model import CONFIG_PATH
+
+    config = {k: v for k, v in json.loads(CONFIG_PATH.read_text()).items() if not k.startswith("_")}
+    skipped = ["lm_head", "model.layers.1.mlp.down_proj"]
+    config["quantization_config"] = {
+        "quant_method": "bitsandbytes",
+        "load_in_4bit": True,
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_use_double_quant": True,
+        "bnb_4bit_compute_dtype": "bfloat16",
+        "llm_int8_skip_modules": skipped,
+    }
+    source = tmp_path / "checkpoint"
+    source.mkdir()
+    (source / "config.json").write_text(json.dumps(config))
+    asking = (
+        "import json, sys; from pathlib import Path; from grpolab import rehearsal; "
+        f"path, _ = rehearsal.build({str(source)!r}, Path({str(tmp_path / 'root')!r})); "
+        "print(json.dumps([str(path), sorted(m for m in ('transformers', 'bitsandbytes', 'unsloth') "
+        "if m in sys.modules)]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", asking], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    path, imported = json.loads(done.stdout.strip().splitlines()[-1])
+    assert imported == []
+    path = Path(path)
+    written = json.loads((path / "config.json").read_text())["quantization_config"]
+    assert written["bnb_4bit_quant_type"] == "nf4" and written["llm_int8_skip_modules"] == skipped
     from safetensors import safe_open
 
     with safe_open(str(path / "model.safetensors"), "pt") as weights:
-        dtypes = {weights.get_tensor(k).dtype for k in weights.keys() if k.endswith("q_proj.weight")}  # noqa: SIM118
+        dtype = {k: weights.get_tensor(k).dtype for k in weights.keys()}  # noqa: SIM118
     import torch
 
-    assert dtypes == {torch.uint8}  # packed NF4, as a downloaded bnb-4bit checkpoint holds them
+    assert dtype["model.layers.0.mlp.down_proj.weight"] == torch.uint8  # packed NF4
+    assert dtype["model.layers.1.mlp.down_proj.weight"] == torch.bfloat16  # its config keeps it
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".staging")]  # the 16-bit copy is gone
+    stamp = (path / "config.json").stat().st_mtime_ns
+    assert rehearsal.build(str(source), tmp_path / "root")[0] == path  # built once
+    assert (path / "config.json").stat().st_mtime_ns == stamp
+
+
+def test_a_folder_without_room_is_refused_in_one_line_before_anything_is_written(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    staging, checkpoint = rehearsal.space_needed("unsloth/Qwen3-4B-unsloth-bnb-4bit")
+    assert 7.4 < staging / (1 << 30) < 7.6 and 2.0 < checkpoint / (1 << 30) < 3.0  # Qwen3-4B: 4.02B params
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(16 << 30, 12 << 30, 4 << 30))
+    root = tmp_path / "rehearsal"
+    with pytest.raises(rehearsal.RehearsalError) as err:
+        rehearsal.build("unsloth/Qwen3-4B-unsloth-bnb-4bit", root)
+    message = str(err.value)
+    assert "\n" not in message and "4.00 GiB free" in message and "--rehearsal-dir" in message
+    assert not root.exists()
+
+
+def test_the_rehearsal_builds_under_the_lab_outputs_unless_told_otherwise():
+    from conftest import LAB_DIR  # noqa: F401 (the lab's flags are the harness's)
+
+    from grpolab.session import parser
+
+    args = parser("").parse_args(["--rehearse", "--output-dir", "/data/runs"])
+    assert args.rehearsal_dir is None  # prepare() then builds in /data/runs/rehearsal
+    assert parser("").parse_args(["--rehearsal-dir", "/big/disk"]).rehearsal_dir == Path("/big/disk")
 
 
 @pytest.mark.slow
