@@ -1,10 +1,15 @@
 """The machinery the labs share, one module per job.
 
-settings (lab.toml, flags, checks), device (which GPU, NVML), policy (loading through Unsloth),
-tiny_model (the CPU stand-in), probe (the memory sampler and phases), tensors (measuring the
-exact lines), meter (what a run measures while it trains), comparison (budget vs measured, table,
-chart), oom (recognising and diagnosing out-of-memory), tracking (MLflow), session (the chapter
-harness: `run_lab`), atomic (saving whole or not at all).
+settings (lab.toml, flags, checks), device (which GPU, read through NVML before CUDA is up),
+cuda_env (the standby switch and Unsloth's allocator configuration, before CUDA starts), policy
+(loading through Unsloth), unsloth_trainer (Unsloth's generated GRPO trainer on both profiles),
+precision (bf16 / fp16 / fp32 as the model loaded), tiny_model (the CPU stand-in), rehearsal (the
+model's shape with random weights), probe (the memory sampler and phases), tensors (measuring the
+exact lines), vllm_ledger (vLLM's own start-up figures), meter (what a run measures while it
+trains), comparison (budget vs measured, table, chart), oom (recognising and diagnosing
+out-of-memory), endings (how a run ends), store (the MLflow store checked first), tracking (MLflow),
+evaluate (held-out accuracy), doctor (what held learning back), session (the chapter harness:
+`run_lab`), sweep (a grid of runs, chapter 2), atomic (saving whole or not at all).
 
 `import grpolab` stays light: `Run` and `run_lab` are imported on first use.
 """

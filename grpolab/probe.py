@@ -270,6 +270,14 @@ MEMORY_LABELS = {
         "NVML's figure for this process right after CUDA init and one small tensor, less torch's reservation: "
         "the CUDA context."
     ),
+    "phase/<generate|train>/measured": (
+        "GPU: the largest step's NVML process peak while vLLM decoded the rollouts (generate) or while the "
+        "trainer took its loss (train); its budget is the sheet's phase total less other processes' memory."
+    ),
+    "vllm/*": (
+        "GPU: what the in-process vLLM engine reported at start-up, read from its worker and configs "
+        "(cuda_graph_gib from its log when it captured graphs, else its profiled estimate)."
+    ),
 }
 
 

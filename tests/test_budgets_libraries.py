@@ -409,3 +409,49 @@ def test_cuda_context_line_on_gpu():
     line = compute(Plan(gpu="h200")).line("cuda_context").bytes
     print(f"\ncuda_context: measured {used / 2**20:.0f} MiB vs line {line / 2**20:.0f} MiB")
     assert 0.25 < used / line < 2.5
+
+
+def test_the_sheets_standby_follows_unsloth_zoos_source():
+    """What standby does, read from the installed unsloth_zoo: the util it imposes (its tier table for
+    vLLM >= 0.11, x 0.95), and what sleep frees: every vLLM allocation but the weights (Unsloth's, shared
+    with the trainer), the KV cache discarded rather than copied out at sleep level 1. The sheet holds the
+    KV cache in the start and generate phases only, the weights in every phase."""
+    import importlib.util
+    import re
+
+    from budgets import compute
+    from budgets.vllm_rules import unsloth_standby_util
+    from grpolab.settings import lab_settings
+
+    def function(module: str, name: str) -> str:
+        """A function's source from the installed file, without importing it (no GPU here)."""
+        path = Path(importlib.util.find_spec(module.split(".")[0]).origin).parent.joinpath(
+            *module.split(".")[1:]
+        )
+        text = path.with_suffix(".py").read_text()
+        (node,) = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == name]
+        return ast.get_source_segment(text, node)
+
+    load = function("unsloth_zoo.vllm_utils", "load_vllm")
+    # The branch for vLLM >= 0.11: the `else:` whose body opens with this comment.
+    newer = load[load.index("# Standby mode sleep/wake cycle") :]
+    tiers = [
+        (float(a), float(b))
+        for a, b in re.findall(r"ten_percent >= ([\d.]+): standby_target_gpu_util = ([\d.]+)", newer)
+    ]
+    lowest = float(re.search(r"else: standby_target_gpu_util = ([\d.]+)", newer).group(1))
+    assert "standby_target_gpu_util *= 0.95" in newer
+    for gib in (8, 14.74, 16, 24, 32, 80, 141):
+        ten_percent = gib * 0.1
+        tier = next((b for a, b in tiers if ten_percent >= a), lowest)
+        assert unsloth_standby_util(int(gib * (1 << 30))) == pytest.approx(tier * 0.95), gib
+
+    sleep = function("unsloth_zoo.vllm_utils", "patch_vllm_enable_sleep_mode")
+    assert re.search(r"if data\.tag == 'weights':\s+# Weights are unsloth-managed[^\n]*\n\s+continue", sleep)
+    assert "offload_tags = (MemAllocator.default_tag, )" in sleep  # level 1 backs up nothing but weights
+    rl = (Path(importlib.util.find_spec("unsloth").origin).parent / "models" / "rl.py").read_text()
+    assert "llm.sleep(1)" in rl
+
+    sheet = compute(lab_settings("labs/grpo-first", "gpu").plan().with_(unsloth_vllm_standby=True))
+    assert tuple(sheet.line("kv_cache").phases) == ("start", "generate")
+    assert tuple(sheet.line("base_weights").phases) == ("start", "generate", "train")

@@ -87,26 +87,42 @@ def _gpu_loader_parameters(method: str) -> set[str]:
     """
     import importlib.util
 
-    source = importlib.util.find_spec("unsloth.models.loader").origin
-    tree = ast.parse(Path(source).read_text())
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "FastLanguageModel")
-    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == method)
-    return {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+    def parameters(module: str, cls_name: str) -> tuple[set[str], bool]:
+        source = importlib.util.find_spec(module).origin
+        tree = ast.parse(Path(source).read_text())
+        cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls_name)
+        fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == method)
+        return {a.arg for a in fn.args.args + fn.args.kwonlyargs}, fn.args.kwarg is not None
+
+    names, more = parameters("unsloth.models.loader", "FastLanguageModel")
+    if more and method == "from_pretrained":
+        # The rest goes on, as **kwargs, to the model's own loader: Qwen3's passes it on to Llama's.
+        qwen3, passes_on = parameters("unsloth.models.qwen3", "FastQwen3Model")
+        assert passes_on
+        names |= qwen3 | parameters("unsloth.models.llama", "FastLlamaModel")[0]
+    return names
 
 
 def _keywords_of(call_name: str, source: Path) -> set[str]:
+    """The keywords a call passes, those of a `**{"name": ...}` (or a conditional one) included."""
     tree = ast.parse(source.read_text())
-    return {
-        kw.arg
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == call_name
-        for kw in node.keywords
-    }
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == call_name:
+            for kw in node.keywords:
+                if kw.arg is not None:
+                    found.add(kw.arg)
+                    continue
+                for inner in ast.walk(kw.value):
+                    if isinstance(inner, ast.Dict):
+                        found |= {k.value for k in inner.keys if isinstance(k, ast.Constant)}
+    return found
 
 
 def test_unsloth_gpu_loader_accepts_every_argument_the_lab_passes():
     lab_passes = _keywords_of("from_pretrained", REPO_ROOT / "grpolab" / "policy.py")
     assert {"model_name", "fast_inference", "gpu_memory_utilization", "max_lora_rank"} <= lab_passes
+    assert "unsloth_vllm_standby" in lab_passes
     assert lab_passes <= _gpu_loader_parameters("from_pretrained"), lab_passes - _gpu_loader_parameters(
         "from_pretrained"
     )
@@ -171,3 +187,31 @@ def test_allocation_stacks_are_recorded_only_when_asked():
     assert not records_memory_history(parser("").parse_args([]))
     assert records_memory_history(parser("").parse_args(["--record-memory-history"]))
     assert records_memory_history(parser("").parse_args(["--memory-cap-gib", "0.5"]))
+
+
+@gpu_only(
+    "loads Qwen3-4B with standby in a fresh process (UNSLOTH_VLLM_STANDBY=1 set before Unsloth): the allocator "
+    "without expandable segments, the engine in sleep mode, and vLLM's ledger read from its worker"
+)
+def test_standby_loads_vllm_in_sleep_mode_and_its_ledger_reads():
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        "import json, os; from grpolab import cuda_env; env = cuda_env.configure(True); "
+        "from grpolab import policy, vllm_ledger; from grpolab.settings import lab_settings; "
+        "from grpolab.tensors import vllm_engine; "
+        "s = lab_settings('labs/grpo-first', 'gpu').replace(unsloth_vllm_standby=True); "
+        "model, _ = policy.load_policy(s); engine = vllm_engine(model); "
+        "print(json.dumps({'alloc': os.environ.get('PYTORCH_ALLOC_CONF', ''), "
+        "'sleep': engine.llm_engine.vllm_config.model_config.enable_sleep_mode, "
+        "'ledger': vllm_ledger.from_engine(engine).metrics()}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "expandable_segments:True" not in found["alloc"] and found["sleep"] is True
+    assert found["ledger"]["vllm/kv_cache_tokens"] >= 8 * 1024 and found["ledger"]["vllm/weights_gib"] > 2

@@ -296,3 +296,18 @@ def test_the_edge_is_refused_by_the_sheet_and_runs_out_of_memory_when_run_anyway
     (started,) = [ln for ln in cpu_sweep["stdout"].splitlines() if ln.startswith(f"=== cell {edge['name']}:")]
     cap = load_lab_module(LAB).CPU_MEMORY_CAP_GIB
     assert f"--ignore-budget --memory-cap-gib {cap:g}" in started  # under the CPU host's own cap
+
+
+def test_a_standby_sweep_passes_standby_to_every_cell_and_its_sheets_follow():
+    """On a GPU `--unsloth-vllm-standby true` sweeps the grid with standby: every cell's sheet releases
+    the KV cache while training, and every cell's process is given the flag. The CPU stand-in, with no
+    vLLM, refuses it in one line."""
+    cell = sweep.Cell(1, 8, 512)
+    off = sweep.plan_cell(LAB, sweep.Host("gpu"), {}, cell).sheet
+    on = sweep.plan_cell(LAB, sweep.Host("gpu"), {"unsloth_vllm_standby": True}, cell).sheet
+    assert "train" in off.line("kv_cache").phases and "train" not in on.line("kv_cache").phases
+    assert on.phases["train"] < off.phases["train"]
+    words = sweep._forwarded(Path("/out"), {"unsloth_vllm_standby": True})
+    assert words[words.index("--unsloth-vllm-standby") + 1] == "true"
+    with pytest.raises(LabSettingsError, match="fast_inference is false"):
+        sweep.plan_cell(LAB, sweep.Host("cpu"), {"unsloth_vllm_standby": True}, sweep.Cell(4, 8, 32))

@@ -40,8 +40,13 @@ gets the same --memory-cap-gib, which lets its address space grow that much afte
 more. There is no vLLM on a CPU: no KV-cache rollouts to read, and the generation estimate (a GPU's
 memory-bandwidth roofline) says little about a tiny model's decoding.
 
+Standby (Unsloth's UNSLOTH_VLLM_STANDBY) is a flag like any setting, passed on to every cell: on a
+GPU, `--unsloth-vllm-standby true` sweeps the grid with vLLM asleep while the trainer runs, and each
+cell logs its generate and train phases beside the sheet's, to compare with the sweep without it.
+
 Usage:
     uv run python labs/grpo-sizing/train.py                       # the sweep: GPU grid if there is one, else CPU
+    uv run python labs/grpo-sizing/train.py --unsloth-vllm-standby true   # GPU: the same grid with standby
     uv run python labs/grpo-sizing/train.py --run-refused         # and the refused cell, run anyway
     uv run python labs/grpo-sizing/train.py --grid-num-generations 4,8 --grid-max-completion-length 256
     uv run python labs/grpo-sizing/train.py cell --num-generations 16 --max-completion-length 512   # one cell
