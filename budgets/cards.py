@@ -12,9 +12,7 @@ import os
 from dataclasses import dataclass
 
 from .errors import BudgetError
-
-MIB = 1 << 20
-GIB = 1 << 30
+from .units import GIB, MIB
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,12 @@ from .cards import Card, get_card
 from .errors import BudgetError
 from .shapes import LINEARS, ModelShape, load_shape
 from .units import GIB
+from .vocabulary import GRPO_TRAINERS, LAYOUTS, SHARDING
 
 
-def setting(default: Any, help: str, **extra: Any) -> Any:
-    """A Plan field with its help text, read by the CLI to build its flags."""
-    return field(default=default, metadata={"help": help, **extra})
+def setting(default: Any, **extra: Any) -> Any:
+    """A Plan field with its default; its help is the vocabulary's (budgets.vocabulary.HELP)."""
+    return field(default=default, metadata=extra)
 
 
 @dataclass
@@ -43,59 +44,41 @@ class Plan:
     """
 
     # --- the model ---------------------------------------------------------------------------
-    model: str | ModelShape = setting(
-        "qwen3-4b", "a shipped name (any case), a Hub id, or a config.json / model folder"
-    )
-    load_in_4bit: bool = setting(True, "bitsandbytes NF4 base weights (false: 16-bit)")
-    dtype: str = setting("auto", "compute dtype: auto (bf16 on a GPU), bfloat16, float16 or float32")
-    lora_rank: int | None = setting(16, "LoRA rank r (PEFT's r)")
-    max_lora_rank: int | None = setting(None, "vLLM's LoRA slot rank (default: lora_rank)")
-    target_modules: tuple[str, ...] = setting(LINEARS, "the linear layers LoRA adapts")
-    full_finetuning: bool = setting(False, "train every parameter instead of LoRA")
+    model: str | ModelShape = setting("qwen3-4b")
+    load_in_4bit: bool = setting(True)
+    dtype: str = setting("auto")
+    lora_rank: int | None = setting(16)
+    max_lora_rank: int | None = setting(None)
+    target_modules: tuple[str, ...] = setting(LINEARS)
+    full_finetuning: bool = setting(False)
     # --- training ----------------------------------------------------------------------------
-    optim: str = setting("adamw_8bit", "optimizer: adamw_torch (fp32 states) or adamw_8bit")
-    per_device_train_batch_size: int = setting(8, "completions per micro-batch per trainer card")
-    gradient_accumulation_steps: int = setting(1, "micro-batches per optimizer step")
-    beta: float = setting(0.0, "KL weight; > 0 needs reference log-probs")
-    use_gradient_checkpointing: str | bool = setting(
-        "unsloth", "unsloth (checkpoints offloaded to CPU), true, or false"
-    )
-    chunked_logits: bool = setting(True, "Unsloth's chunked log-prob kernel (false: whole-batch logits)")
-    grpo_trainer: str = setting(
-        "unsloth", "the GRPO trainer that runs: unsloth (its generated trainer) or trl (TRL's own)"
-    )
-    trainable_dtype_bytes: int | None = setting(
-        None, "bytes per LoRA param, grad and AdamW state (default: 4; 2 under TRL's trainer on cpu)"
-    )
+    optim: str = setting("adamw_8bit")
+    per_device_train_batch_size: int = setting(8)
+    gradient_accumulation_steps: int = setting(1)
+    beta: float = setting(0.0)
+    use_gradient_checkpointing: str | bool = setting("unsloth")
+    chunked_logits: bool = setting(True)
+    grpo_trainer: str = setting("unsloth")
+    trainable_dtype_bytes: int | None = setting(None)
     # --- generation --------------------------------------------------------------------------
-    num_generations: int = setting(8, "completions per prompt (the group)")
-    max_prompt_length: int = setting(256, "tokens of the longest prompt")
-    max_completion_length: int = setting(768, "tokens per completion")
-    max_seq_length: int | None = setting(
-        None, "prompt + completion bound (default: max_prompt_length + max_completion_length)"
-    )
-    fast_inference: bool = setting(True, "vLLM generates (false: transformers' generate)")
-    gpu_memory_utilization: float = setting(0.45, "vLLM's share of the card, in (0, 1]")
-    unsloth_vllm_standby: bool = setting(
-        False, "Unsloth's UNSLOTH_VLLM_STANDBY (shared) / TRL's vllm_enable_sleep_mode (colocate)"
-    )
-    unsloth_vllm_standby_util_override: bool = setting(
-        False, "UNSLOTH_VLLM_STANDBY_UTIL_OVERRIDE: keep gpu_memory_utilization under standby"
-    )
-    max_num_seqs: int | None = setting(None, "vLLM's batch (default: what Unsloth or TRL pick)")
-    enforce_eager: bool = setting(False, "vLLM without CUDA graphs")
+    num_generations: int = setting(8)
+    max_prompt_length: int = setting(256)
+    max_completion_length: int = setting(768)
+    max_seq_length: int | None = setting(None)
+    fast_inference: bool = setting(True)
+    gpu_memory_utilization: float = setting(0.45)
+    unsloth_vllm_standby: bool = setting(False)
+    unsloth_vllm_standby_util_override: bool = setting(False)
+    max_num_seqs: int | None = setting(None)
+    enforce_eager: bool = setting(False)
     # --- the cards ---------------------------------------------------------------------------
-    gpu: str | Card = setting("rtx-5080", "the card, from the catalog", card=True)
-    gpus: int = setting(1, "cards in all")
-    layout: str = setting(
-        "shared", "shared (Unsloth's in-process vLLM on the trainer's weights), colocate or server"
-    )
-    vllm_gpus: int = setting(0, "server layout: cards given to vLLM (tensor parallel); the rest train")
-    trainer_sharding: str = setting("ddp", "how trainer cards split the model: ddp or fsdp")
-    link_gbps: float = setting(100.0, "trainer -> vLLM link in 10^9 bits/s (server layout weight sync)")
-    other_processes_gib: float = setting(
-        0.0, "GiB other processes (a desktop) hold on the card when the run starts"
-    )
+    gpu: str | Card = setting("rtx-5080", card=True)
+    gpus: int = setting(1)
+    layout: str = setting("shared")
+    vllm_gpus: int = setting(0)
+    trainer_sharding: str = setting("ddp")
+    link_gbps: float = setting(100.0)
+    other_processes_gib: float = setting(0.0)
 
     def with_(self, **changes: Any) -> Plan:
         return replace(self, **changes)
@@ -106,7 +89,6 @@ class Plan:
 
 
 PLAN_FIELDS = tuple(f.name for f in fields(Plan))
-LAYOUTS = ("shared", "colocate", "server")
 # TRL / transformers optimizer names -> the state they keep per trainable parameter.
 OPTIMIZERS = {
     "adamw": "adamw_torch",
@@ -117,8 +99,6 @@ OPTIMIZERS = {
     "paged_adamw_8bit": "adamw_8bit",
 }
 CHECKPOINTING = {"unsloth": "unsloth", "true": "standard", "false": "none"}
-SHARDING = ("ddp", "fsdp")
-GRPO_TRAINERS = ("unsloth", "trl")
 DTYPES = {"auto": None, "bfloat16": 2, "float16": 2, "float32": 4}
 
 

@@ -16,8 +16,7 @@ import math
 
 from .arithmetic import linear_params
 from .shapes import ModelShape
-
-GIB = 1 << 30
+from .units import GIB
 
 
 def vllm_requested_bytes(total: int, util: float) -> int:

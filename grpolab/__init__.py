@@ -22,8 +22,12 @@ __all__ = ["Run", "run_lab"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from grpolab import session
+    if name == "Run":
+        from grpolab.run import Run
 
-        return getattr(session, name)
+        return Run
+    if name == "run_lab":
+        from grpolab.session import run_lab
+
+        return run_lab
     raise AttributeError(f"module 'grpolab' has no attribute {name!r}")

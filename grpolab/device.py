@@ -17,6 +17,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from budgets.units import GIB
+
 # The oldest driver each CUDA runtime of torch's wheels needs (NVIDIA's CUDA toolkit release notes).
 MIN_DRIVER = {"13.0": 580, "12.9": 575, "12.8": 570, "12.6": 560, "12.4": 550, "12.1": 530}
 
@@ -76,12 +78,12 @@ class Device:
         return {
             "gpu_name": self.name,
             "gpu_driver": self.driver,
-            "gpu_memory_gib": f"{self.total_bytes / 1024**3:.2f}",
+            "gpu_memory_gib": f"{self.total_bytes / GIB:.2f}",
             "gpu_uuid": self.uuid,
             "gpu_capability": ".".join(map(str, self.capability or ())),
             "cuda_runtime": str(torch.version.cuda),
             "other_processes_gib_at_start": (
-                f"{self.other_bytes_at_start / 1024**3:.2f}" if self.other_measured else "not measured"
+                f"{self.other_bytes_at_start / GIB:.2f}" if self.other_measured else "not measured"
             ),
             "other_processes_how": self.other_note,
         }
@@ -242,13 +244,12 @@ def resolve_other_processes(device: Device, given_gib: float, given_by: str) -> 
     """The GiB of other processes the sheet takes: the larger of what NVML measured and what the user
     gave (`given_by`: where the given value comes from), and the line that says which and why. A
     value the user gave is never silently replaced."""
-    gib = 1024**3
     if not device.other_measured:
         return given_gib, (
             f"other processes: not measured ({device.other_note}); the sheet takes {given_gib:.2f} GiB from "
             f"{given_by} (pass --other-processes-gib with what nvidia-smi shows)"
         )
-    measured = device.other_bytes_at_start / gib
+    measured = device.other_bytes_at_start / GIB
     if given_gib > measured:
         return given_gib, (
             f"other processes: {given_gib:.2f} GiB from {given_by}, more than the {measured:.2f} GiB measured "

@@ -37,7 +37,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-EXIT_DISK_FULL = 4
+from budgets.units import GIB, MIB
+
+# Exit codes: bad input, out of memory, a full disk; a signal exits 128 + its number (130 for Ctrl-C).
+EXIT_BAD_INPUT, EXIT_OUT_OF_MEMORY, EXIT_DISK_FULL = 2, 3, 4
 
 # The signals a run ends on, with who usually sends them (for the run's description).
 CATCHABLE = {
@@ -56,9 +59,14 @@ class Interrupted(KeyboardInterrupt):
 
 
 class DiskFull(RuntimeError):
-    """No room to save the adapter or a checkpoint; the message is the one-line error."""
+    """No room to save the adapter or a checkpoint; the message is the one-line error, `description`
+    what opens the run's description."""
 
     ending = "disk full"
+
+    def __init__(self, message: str, description: str = "") -> None:
+        super().__init__(message)
+        self.description = description or f"{message}."
 
 
 # --- catchable signals ----------------------------------------------------------------------------
@@ -153,22 +161,17 @@ def signals_deferred(what: str) -> Iterator[None]:
         signal.raise_signal(signum)
 
 
-def record_stop(stop: BaseException, run: Any) -> str:
-    """Tag the open run with the signal that stopped it and open its description with the cause;
-    remove a checkpoint the signal cut short. Returns the cause, for the terminal."""
-    from grpolab import tracking
-
+def stopped(stop: BaseException, run: Any) -> tuple[str, str]:
+    """A run a signal stopped: removes the checkpoint the signal cut short, and returns the run's
+    ending (the signal's name) and the cause that opens its description (tracking writes both)."""
     cause = stop_cause(stop, run)
-    tracking.describe_ending(signal_of(stop).name, f"{cause}.")
     remove_partial_checkpoints(run.output_dir)
-    return cause
+    return signal_of(stop).name, f"{cause}."
 
 
-def record_failure(error: BaseException, run: Any) -> None:
-    """Open the description of a run an exception ends with the error and where it happened."""
-    from grpolab import tracking
-
-    tracking.describe_ending("exception", f"Failed {at_step(run)}: {error_line(error)}.")
+def failed(error: BaseException, run: Any) -> tuple[str, str]:
+    """A run an exception ended: its ending and the error with where it happened."""
+    return "exception", f"Failed {at_step(run)}: {error_line(error)}."
 
 
 def error_line(error: BaseException) -> str:
@@ -239,7 +242,7 @@ def free_bytes(folder: Path) -> int:
 
 
 def _size(n: int) -> str:
-    return f"{n / 1024**3:.1f} GiB" if n >= 1024**3 else f"{n / 1024**2:.1f} MiB"
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / MIB:.1f} MiB"
 
 
 def is_checkpoint(path: Path) -> bool:
@@ -271,10 +274,8 @@ def remove_partial_checkpoints(output_dir: Path) -> list[str]:
 
 
 def disk_full(error: BaseException, run: Any) -> DiskFull:
-    """Record a full disk in the open run (tag `ending`, the description) after removing the
-    half-written checkpoint; returns the DiskFull to raise, whose message is the one-line error."""
-    from grpolab import tracking
-
+    """A full disk: removes the half-written checkpoint and returns the DiskFull to raise, whose
+    message is the one-line error and whose description opens the run's (tracking writes it)."""
     output_dir = Path(run.output_dir)
     partial = partial_checkpoints(output_dir)
     folder = partial[-1] if partial else output_dir / "adapter"
@@ -297,8 +298,7 @@ def disk_full(error: BaseException, run: Any) -> DiskFull:
     message = f"no room to save {what} in {folder} ({reason}; {_size(free)} free on that disk): {fix}" + (
         f" ({'; '.join(aftermath)})" if aftermath else ""
     )
-    tracking.describe_ending(DiskFull.ending, f"Failed {at_step(run)}: {message}.")
-    return DiskFull(message)
+    return DiskFull(message, f"Failed {at_step(run)}: {message}.")
 
 
 def _step_of(name: str) -> int:

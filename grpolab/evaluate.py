@@ -129,3 +129,52 @@ def load_adapter(model, adapter_dir: Path) -> None:
     result = set_peft_model_state_dict(model, load_file(str(weights)))
     if getattr(result, "unexpected_keys", None):
         raise ValueError(f"{adapter_dir} does not fit this policy: unexpected {result.unexpected_keys[:3]}")
+
+
+def log_eval(result, step: int) -> None:
+    """A held-out result as eval/* at `step` (a curve over the run) and as eval/<which>_* (its value,
+    side by side with the other's in the run's metrics)."""
+    import mlflow
+
+    mlflow.log_metrics(result.metrics(), step=step)
+    mlflow.log_metrics(
+        {f"eval/{result.which}_{k.removeprefix('eval/')}": v for k, v in result.metrics().items()}
+    )
+
+
+def evaluate_saved(settings, device, args, card_note: str, cuda=None) -> None:
+    """`--eval-only ADAPTER`: the base and a saved adapter on the held-out prompts, in a run of
+    its own (tag run_kind=eval); nothing is trained or saved. A folder without an adapter is refused
+    (LabSettingsError) before anything loads."""
+    from grpolab import policy  # Unsloth first: it patches transformers and TRL
+
+    # isort: split
+    import mlflow
+
+    from grpolab import tracking
+    from grpolab.evaluate import evaluate, load_adapter
+    from grpolab.settings import LabSettingsError
+
+    adapter = args.eval_only.expanduser().resolve()
+    if not (adapter / "adapter_model.safetensors").is_file():
+        raise LabSettingsError(f"eval-only: no adapter at {adapter}: pass the adapter folder a lab run saved")
+    settings = settings.replace(eval_prompts=settings.eval_prompts or 32)
+    tags = {
+        "profile": settings.profile,
+        "chapter": settings.chapter,
+        "run_kind": "eval",
+        "adapter": str(adapter),
+    }
+    with tracking.lab_run(
+        settings.chapter, f"eval-{tracking.run_name(settings.profile)}", tags
+    ) as mlflow_run:
+        tracking.log_context(settings, device, card_note, cuda)
+        model, tokenizer = policy.load_policy(settings)
+        load_adapter(model, adapter)
+        results = [evaluate(model, tokenizer, settings, which, adapter) for which in ("base", "adapter")]
+        for step, result in enumerate(results):
+            log_eval(result, step)
+        note = " ".join(f"Held-out, {r.line()}." for r in results)
+        mlflow.set_tag("mlflow.note.content", note)
+    print("\n".join(f"Held-out, {r.line()}" for r in results))
+    print(f"MLflow run {mlflow_run.info.run_id}: {tracking.run_url(mlflow_run)}")

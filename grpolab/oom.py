@@ -6,6 +6,12 @@ import resource
 from collections.abc import Collection
 
 from budgets import advice
+from budgets.units import GIB
+
+
+class OutOfMemory(RuntimeError):
+    """Memory ran out; the message is the one-line next step."""
+
 
 # The phase that ran out, mapped to the line that grows there.
 PHASE_LINES = {
@@ -65,3 +71,41 @@ def blame(phase: str, rel_errors: dict[str, float], budget_lines: Collection[str
 def next_step(line: str, values: dict, accepts: Collection[str]) -> str:
     """What to change, as flags the lab accepts and that are not already set."""
     return advice.for_line(line, values, accepts)
+
+
+def log_out_of_memory(run, error: BaseException, flags: Collection[str]) -> str:
+    """The FAILED run's record of an out-of-memory error: peak, phase, the line to blame, a CUDA
+    snapshot; returns the one-line next step."""
+    import tempfile
+    from pathlib import Path
+
+    import mlflow
+
+    from grpolab import comparison
+
+    probe = run.meter.probe
+    phase = probe.failed_phase or probe.current_phase
+    c = comparison.compare(run.sheet, run.meter.lines(), probe.process_peak_bytes, run.device.on_gpu)
+    line = blame(phase, {n: c.rel_error(n) for n in c.paired}, c.budget)
+    advice = next_step(line, run.sheet.inputs, flags)
+    peak_gib = probe.process_peak_bytes / GIB
+    mlflow.log_metrics({**probe.summary(), "oom/peak_gib": peak_gib})
+    mlflow.log_metrics({f"{name}/measured": c.measured[name] / GIB for name in c.paired})
+    mlflow.set_tags(
+        {
+            "oom_phase": phase,
+            "oom_line": line,
+            "oom_error": str(error).splitlines()[0][:500] if str(error) else type(error).__name__,
+            "mlflow.note.content": (
+                f"Out of memory during {phase} at a peak of {peak_gib:.2f} GiB; budget line most exceeded: "
+                f"{line}. Next step: {advice}."
+            ),
+        }
+    )
+    if run.device.on_gpu:
+        import torch
+
+        path = Path(tempfile.mkdtemp(prefix="memory-")) / "cuda_memory_snapshot.pickle"
+        torch.cuda.memory._dump_snapshot(str(path))
+        mlflow.log_artifact(str(path), artifact_path="memory")
+    return f"out of memory during {phase} at {peak_gib:.2f} GiB (budget line most exceeded: {line}): {advice}"

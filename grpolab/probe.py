@@ -15,9 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from budgets.units import GIB
 from grpolab.device import Device
-
-GIB = 1024**3
 
 
 @dataclass

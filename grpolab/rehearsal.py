@@ -29,8 +29,9 @@ from pathlib import Path
 from budgets.shapes import catalog, hub_cache_config, load_shape
 from budgets.units import GIB
 from grpolab.atomic import save_pretrained_atomically
+from grpolab.paths import REPO_ROOT
 from grpolab.settings import LabSettings, LabSettingsError
-from grpolab.tiny_model import REPO_ROOT, build_tokenizer
+from grpolab.tiny_model import build_tokenizer
 
 REHEARSAL_SEED = 0
 REHEARSAL_STEPS = 3  # enough for every phase to reach its peak: load, generate, train, optimizer step

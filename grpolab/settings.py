@@ -1,14 +1,17 @@
-"""A lab's settings: one reader of lab.toml, one set of flags, one validator.
+"""A lab's settings: the book's recipe, one reader of lab.toml, one set of flags, one validator.
 
-Every value a lab trains with lives in `labs/<chapter>/lab.toml`: shared values at the top, and a
-table per profile (`[profile.gpu]`: the real run on a 16 GB card; `[profile.cpu]`: the tiny
-stand-in) that overrides them. Settings keep TRL's and Unsloth's names (`num_generations`,
-`per_device_train_batch_size`, `gpu_memory_utilization`, ...), the same names the budget's `Plan`
-uses, so `settings.plan()` is a plain copy and the lab's flags and the budget CLI's flags match.
+Every chapter starts from the book's recipe (grpolab/recipe.toml: chapter 1's run, a table per
+profile: `[profile.gpu]` the real run on a 16 GB card, `[profile.cpu]` the tiny stand-in), and its
+`labs/<chapter>/lab.toml` states only what it changes, in the same shape. Settings keep TRL's and
+Unsloth's names (`num_generations`, `per_device_train_batch_size`, `gpu_memory_utilization`, ...),
+the budget's vocabulary (budgets.vocabulary: the help every flag prints), so `settings.plan()` is a
+plain copy and the lab's flags and the budget CLI's flags match.
 
 Every setting is a flag of the lab (`--num-generations 4`, `--fast-inference false`); the values
-the command line changed are kept in `settings.overridden`. `check()` refuses settings that cannot
-work before anything heavy is imported, with one line that says what is wrong and how to fix it.
+the command line changed are kept in `settings.overridden`. A chapter also declares its layout
+(`layout`, grpolab.layouts): how generation and training share the cards. `check()` refuses settings
+that cannot work before anything heavy is imported, with one line that says what is wrong and how
+to fix it.
 """
 
 from __future__ import annotations
@@ -22,15 +25,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from budgets.vocabulary import add_setting, flag, flag_text
+from task.dataset import chatml_chars
+
 PROFILES = ("gpu", "cpu")
+RECIPE = Path(__file__).resolve().parent / "recipe.toml"
 
 
 class LabSettingsError(ValueError):
     """Settings that cannot work; the message is one line with the fix."""
 
 
-def setting(help: str, **kwargs: Any) -> Any:
-    return field(metadata={"help": help}, **kwargs)
+def setting(**kwargs: Any) -> Any:
+    """A lab setting; its help is the vocabulary's (budgets.vocabulary.HELP), its value the recipe's
+    unless the chapter's lab.toml or the command line says otherwise."""
+    return field(**kwargs)
 
 
 @dataclass(frozen=True)
@@ -50,62 +59,54 @@ class LabSettings:
         max_steps, num_prompts, eval_prompts, seed, logging_steps, save_steps
     """
 
-    chapter: str = setting("the chapter's name: its MLflow experiment and output folder")
-    profile: str = setting("gpu (the real run) or cpu (the tiny stand-in)")
+    chapter: str = setting()
+    profile: str = setting()
     # --- the task and the model ---------------------------------------------------------------
-    task: str = setting("the task to learn, from task.TASKS")
-    model: str = setting("a Hub id or a local model folder (tiny-qwen3: the CPU stand-in, built offline)")
-    gpu: str = setting("the card the budget sheet is checked against when no GPU is detected")
-    load_in_4bit: bool = setting("bitsandbytes NF4 base weights")
-    dtype: str = setting(
-        "compute dtype: auto (what Unsloth picks for the card), bfloat16, float16 or float32"
-    )
-    fast_inference: bool = setting("vLLM in this process generates (Unsloth); false: transformers' generate")
-    max_seq_length: int = setting("prompt + completion tokens the model and vLLM are sized for")
-    gpu_memory_utilization: float = setting("vLLM's share of the card (Unsloth scales it by the free memory)")
-    lora_rank: int = setting("LoRA rank r")
-    lora_alpha: int = setting("LoRA alpha (the adapter's output is scaled by alpha / r)")
-    max_lora_rank: int = setting("the largest LoRA rank vLLM's adapter slots hold")
-    target_modules: tuple[str, ...] = setting("the linear layers LoRA adapts")
-    use_gradient_checkpointing: str = setting("unsloth (checkpoints offloaded to CPU RAM), true or false")
+    task: str = setting()
+    model: str = setting()
+    gpu: str = setting()
+    load_in_4bit: bool = setting()
+    dtype: str = setting()
+    fast_inference: bool = setting()
+    max_seq_length: int = setting()
+    gpu_memory_utilization: float = setting()
+    lora_rank: int = setting()
+    lora_alpha: int = setting()
+    max_lora_rank: int = setting()
+    target_modules: tuple[str, ...] = setting()
+    use_gradient_checkpointing: str = setting()
     # --- generation ----------------------------------------------------------------------------
-    num_generations: int = setting("completions per prompt: the GRPO group")
-    max_completion_length: int = setting("tokens per completion")
-    temperature: float = setting("sampling temperature of the rollouts")
-    top_p: float = setting("nucleus sampling of the rollouts")
+    num_generations: int = setting()
+    max_completion_length: int = setting()
+    temperature: float = setting()
+    top_p: float = setting()
     # --- the loss and the optimizer ------------------------------------------------------------
-    loss_type: str = setting("TRL's loss: dr_grpo, grpo, dapo, bnpo")
-    scale_rewards: str = setting("divide advantages by the group's std: group, batch or none")
-    beta: float = setting("KL weight against the reference policy (0: no reference)")
-    epsilon: float = setting("PPO clip range of the probability ratio")
-    num_iterations: int = setting("optimizer passes over each generated batch")
-    optim: str = setting("optimizer: adamw_8bit or adamw_torch")
-    learning_rate: float = setting("peak learning rate")
-    lr_scheduler_type: str = setting("learning-rate schedule: linear, constant, cosine")
-    warmup_steps: int = setting("warm-up steps (Unsloth's config would default to 10%% of the steps)")
-    weight_decay: float = setting("AdamW weight decay (Unsloth's config would default to 0.001)")
-    max_grad_norm: float = setting("gradient clipping norm")
-    per_device_train_batch_size: int = setting("completions per micro-batch (a whole number of groups)")
-    gradient_accumulation_steps: int = setting("micro-batches per optimizer step")
-    vllm_importance_sampling_correction: bool = setting(
-        "correct for vLLM's sampling log-probs differing from the trainer's (TRL: true, Unsloth: false)"
-    )
+    loss_type: str = setting()
+    scale_rewards: str = setting()
+    beta: float = setting()
+    epsilon: float = setting()
+    num_iterations: int = setting()
+    optim: str = setting()
+    learning_rate: float = setting()
+    lr_scheduler_type: str = setting()
+    warmup_steps: int = setting()
+    weight_decay: float = setting()
+    max_grad_norm: float = setting()
+    per_device_train_batch_size: int = setting()
+    gradient_accumulation_steps: int = setting()
+    vllm_importance_sampling_correction: bool = setting()
     # --- the run -------------------------------------------------------------------------------
-    max_steps: int = setting("optimizer steps")
-    num_prompts: int = setting("training prompts to build")
-    eval_prompts: int = setting(
-        "held-out prompts scored greedily before and after training (0: no evaluation)"
-    )
-    seed: int = setting("seed of the prompts, the adapter's init and sampling")
-    logging_steps: int = setting("log every N steps")
-    save_steps: int = setting("checkpoint every N steps")
+    max_steps: int = setting()
+    num_prompts: int = setting()
+    eval_prompts: int = setting()
+    seed: int = setting()
+    logging_steps: int = setting()
+    save_steps: int = setting()
     # --- optional -----------------------------------------------------------------------------
-    unsloth_vllm_standby: bool = setting(
-        "UNSLOTH_VLLM_STANDBY: vLLM releases its KV cache while the trainer runs", default=False
-    )
-    other_processes_gib: float = setting(
-        "GiB other processes hold on the card (measured at start on a GPU)", default=0.0
-    )
+    unsloth_vllm_standby: bool = setting(default=False)
+    other_processes_gib: float = setting(default=0.0)
+    # --- what the chapter declares (lab.toml only: not a flag, not a param) ------------------------
+    layout: str = field(default="shared", metadata={"flag": False})
     lab_dir: str = field(default="", compare=False, metadata={"flag": False})
     overridden: frozenset[str] = field(default=frozenset(), compare=False, metadata={"flag": False})
 
@@ -135,16 +136,24 @@ class LabSettings:
 
     @property
     def grpo_trainer(self) -> str:
-        """Which GRPO trainer runs: Unsloth's generated one, on both profiles (grpolab.unsloth_trainer)."""
-        return "unsloth"
+        """Which GRPO trainer runs: the layout's (Unsloth's generated one in the shared layout, on both
+        profiles: grpolab.unsloth_trainer)."""
+        from grpolab.layouts import get_layout
+
+        return get_layout(self.layout).trainer
 
     def plan(self):
-        """The budget's Plan: the settings both share, under the same names."""
+        """The budget's Plan: the settings both share, under the same names, in the chapter's layout."""
         from budgets import Plan
         from budgets.plan import PLAN_FIELDS
 
         shared = {name: getattr(self, name) for name in PLAN_FIELDS if name in FIELDS}
-        return Plan(**shared, max_prompt_length=self.max_prompt_length, grpo_trainer=self.grpo_trainer)
+        return Plan(
+            **shared,
+            max_prompt_length=self.max_prompt_length,
+            grpo_trainer=self.grpo_trainer,
+            layout=self.layout,
+        )
 
     def as_params(self) -> dict[str, str]:
         """Every setting as a string, for MLflow params."""
@@ -162,14 +171,12 @@ _HINTS = typing.get_type_hints(LabSettings)
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per setting (`--num-generations`), typed like the setting, default None."""
-    from budgets.cli import CHOICES, add_setting
-
     group = parser.add_argument_group(
-        "settings (override lab.toml; the same names as TRL, Unsloth and the budget)"
+        "settings (override lab.toml and the recipe; the same names as TRL, Unsloth and the budget)"
     )
     for f in dataclasses.fields(LabSettings):
         if f.name in FLAGS:
-            add_setting(group, f.name, _HINTS[f.name], f.metadata["help"], CHOICES.get(f.name))
+            add_setting(group, f.name, _HINTS[f.name])
 
 
 def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
@@ -177,8 +184,7 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in FLAGS if getattr(args, name, None) is not None}
 
 
-def read_lab_toml(lab_dir: str | Path) -> dict[str, Any]:
-    path = Path(lab_dir) / "lab.toml"
+def read_toml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise LabSettingsError(f"no lab settings at {path}: pass a lab folder such as labs/grpo-first")
     try:
@@ -187,43 +193,64 @@ def read_lab_toml(lab_dir: str | Path) -> dict[str, Any]:
         raise LabSettingsError(f"{path} is not valid TOML ({exc})") from None
 
 
+def read_lab_toml(lab_dir: str | Path) -> dict[str, Any]:
+    return read_toml(Path(lab_dir) / "lab.toml")
+
+
+def profile_values(raw: dict[str, Any], profile: str) -> dict[str, Any]:
+    """A lab.toml-shaped table's values for one profile: the shared ones, then [profile.<name>]'s."""
+    tables = raw.get("profile", {})
+    return {**{k: v for k, v in raw.items() if k != "profile"}, **tables.get(profile, {})}
+
+
+def recipe(profile: str) -> dict[str, Any]:
+    """The book's recipe for one profile: the values a chapter's lab.toml does not change."""
+    return profile_values(read_toml(RECIPE), profile)
+
+
 def lab_settings(
     lab_dir: str | Path, profile: str, overrides: Mapping[str, Any] | None = None
 ) -> LabSettings:
-    """The settings of one profile of `<lab_dir>/lab.toml`, with the command line's overrides."""
+    """The settings of one profile of a chapter: the book's recipe, then what `<lab_dir>/lab.toml`
+    changes, then the command line's overrides."""
     from budgets.plan import follow_group
 
     if profile not in PROFILES:
         raise LabSettingsError(f"unknown profile {profile!r}: use one of {', '.join(PROFILES)}")
     raw = read_lab_toml(lab_dir)
     path = Path(lab_dir) / "lab.toml"
-    tables = raw.pop("profile", {})
-    if profile not in tables:
-        raise LabSettingsError(f"{path} has no [profile.{profile}] table")
-    values = {**raw, **tables[profile], "profile": profile}
+    unknown_profiles = sorted(set(raw.get("profile", {})) - set(PROFILES))
+    if unknown_profiles:
+        raise LabSettingsError(f"{path}: unknown profile table(s) {', '.join(unknown_profiles)}")
+    values = {**recipe(profile), **profile_values(raw, profile), "profile": profile}
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     if "num_generations" in given and "per_device_train_batch_size" not in given:
         values.update(follow_group(values, given["num_generations"]))  # the batch follows the group
     values.update(given)
-    unknown = sorted(set(values) - set(FIELDS))
+    unknown = sorted(set(values) - set(FIELDS) - {"layout"})
     if unknown:
         raise LabSettingsError(f"{path}: unknown setting(s) {', '.join(unknown)}")
     required = [f.name for f in dataclasses.fields(LabSettings) if f.default is dataclasses.MISSING]
     missing = [name for name in required if name not in values]
     if missing:
-        raise LabSettingsError(f"{path} [profile.{profile}] lacks {', '.join(missing)}")
+        raise LabSettingsError(f"{path} and the recipe ({RECIPE.name}) leave {', '.join(missing)} unset")
     values["target_modules"] = tuple(values["target_modules"])
     values["use_gradient_checkpointing"] = flag_text(values["use_gradient_checkpointing"])
     return LabSettings(**values, lab_dir=str(lab_dir), overridden=frozenset(given))
 
 
 def check(s: LabSettings) -> None:
-    """Raise LabSettingsError for settings that cannot work, before any model loads. What the budget
-    checks (group and batch, lengths, ranks, the vLLM share) it checks once, in budgets.plan.resolve."""
+    """Raise LabSettingsError for settings that cannot work, before any model loads: an unknown task
+    or model path, a layout the harness cannot run, counts that must be positive, a group of one, a
+    completion that leaves no room for the prompt, float32 or standby where vLLM cannot have them.
+    What the budget checks (group and batch, lengths, ranks, the vLLM share) it checks once, in
+    budgets.plan.resolve."""
     from budgets import BudgetError
     from budgets.plan import resolve
+    from grpolab.layouts import require_runnable
     from task import TASKS
 
+    require_runnable(s.layout)
     if s.task not in TASKS:
         raise LabSettingsError(f"task: unknown task {s.task!r}; pass --task with one of {', '.join(TASKS)}")
     for name in (
@@ -279,22 +306,3 @@ def _check_model(s: LabSettings) -> None:
             f"model: no model at {s.model!r}: pass --model with a folder holding config.json, or a Hub id such "
             "as unsloth/Qwen3-4B"
         )
-
-
-def chatml_chars(messages: list[dict[str, str]]) -> int:
-    """Characters of `messages` as ChatML with the assistant's turn opened, special tokens included."""
-    turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-    return len(turns + "<|im_start|>assistant\n")
-
-
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def flag_text(value: Any) -> str:
-    """A setting's value as its flag takes it (and as MLflow params show it)."""
-    if isinstance(value, tuple):
-        return ",".join(value)
-    if isinstance(value, bool):
-        return str(value).lower()
-    return str(value)

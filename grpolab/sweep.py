@@ -37,7 +37,7 @@ from typing import Any
 from budgets import BudgetError, compute, get_card
 from budgets.cards import card_for_device
 from budgets.units import GIB, human_bytes
-from grpolab.session import OneLineErrorParser
+from budgets.vocabulary import OneLineErrorParser
 from grpolab.settings import (
     FLAGS,
     LabSettingsError,

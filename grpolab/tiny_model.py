@@ -25,10 +25,9 @@ import string
 from pathlib import Path
 
 from grpolab.atomic import save_pretrained_atomically
+from grpolab.paths import CACHE_ROOT, REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_PATH = REPO_ROOT / "budgets" / "models" / "tiny-qwen3.json"
-CACHE_ROOT = REPO_ROOT / ".cache"
 BUILD_SEED = 0
 # The warm start: steps of next-token prediction, completions per step, AdamW's learning rate, the
 # share of completions inside <ans></ans>, and the training rows drawn from each task.

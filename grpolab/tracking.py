@@ -28,9 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from budgets.units import GIB
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_DB = REPO_ROOT / "mlflow.db"
+from grpolab.paths import DEFAULT_DB, REPO_ROOT
 
 LIBRARIES = (
     "torch",

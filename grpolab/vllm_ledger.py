@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Any
 
-GIB = 1024**3
+from budgets.units import GIB
 
 # vLLM 0.31's start-up lines (the format strings are checked against its source by the tests).
 LOG_PATTERNS = {

@@ -76,6 +76,14 @@ def prompt_chars(prompt: list[dict[str, str]]) -> int:
     return sum(len(message["content"]) for message in prompt)
 
 
+def chatml_chars(messages: list[dict[str, str]]) -> int:
+    """Characters of `messages` as ChatML (Qwen3's chat format) with the assistant's turn opened,
+    special tokens included: a token is at least a character, so this bounds any tokenizer's count
+    of the prompt the model really sees (the budget's max_prompt_length)."""
+    turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return len(turns + "<|im_start|>assistant\n")
+
+
 def messages(system_prompt: str, user: str) -> list[dict[str, str]]:
     """A conversational prompt: the task's system prompt and one user turn."""
     return [{"role": "system", "content": system_prompt}, {"role": "user", "content": user}]

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import mlflow
@@ -149,15 +147,11 @@ def test_memory_is_measured_and_paired_with_the_budget(cpu_lab_run):
     assert "resident set" in labels["memory/process_peak_gib"]
 
 
-def test_the_budget_logged_is_the_one_the_cli_prints(cpu_lab_run):
-    cli = subprocess.run(
-        [sys.executable, "-m", "budgets", "--lab", "labs/grpo-first", "--profile", "cpu", "--json"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    sheet = json.loads(cli.stdout)
+def test_the_budget_logged_is_the_one_the_cli_prints(cpu_lab_run, lab_module, capsys):
+    """`train.py --budget-only` (in-process: it loads nothing) prints the sheet the run logged."""
+    capsys.readouterr()
+    assert lab_module.main(["--budget-only", "--profile", "cpu", "--json"]) == 0
+    sheet = json.loads(capsys.readouterr().out)
     metrics = cpu_lab_run["run"].data.metrics
     for line in sheet["lines"]:
         assert metrics[f"{line['name']}/budget"] == pytest.approx(line["bytes"] / 1024**3, rel=1e-9), line[

@@ -1,15 +1,26 @@
-"""A lab's settings: lab.toml read per profile, shared values and overrides, every setting a flag,
-and the one-line refusals. Parametrized over every chapter that trains in this environment."""
+"""A lab's settings: the book's recipe, then what a chapter's lab.toml changes, per profile, then the
+command line; every setting a flag, and the one-line refusals. Parametrized over every chapter that
+trains in this environment."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
-from conftest import LAB_DIR, TRAINER_LABS
+from conftest import LAB_DIR, REPO_ROOT, TRAINER_LABS
 
-from grpolab.session import parser
-from grpolab.settings import FLAGS, LabSettingsError, check, flag_text, lab_settings, overrides_from
+from budgets.vocabulary import flag_text
+from grpolab.flags import parser
+from grpolab.settings import (
+    FLAGS,
+    LabSettingsError,
+    check,
+    lab_settings,
+    overrides_from,
+    read_lab_toml,
+    recipe,
+)
 
 PROFILES = ["gpu", "cpu"]
 
@@ -22,11 +33,38 @@ def test_every_profile_loads_and_passes_its_checks(lab, profile):
     assert s.chapter == lab.name and s.profile == profile and not s.overridden
 
 
-def test_profile_tables_override_the_shared_values(tmp_path):
-    text = (LAB_DIR / "lab.toml").read_text()
-    (tmp_path / "lab.toml").write_text(text.replace("[profile.cpu]\n", "[profile.cpu]\nbeta = 0.5\n"))
-    assert lab_settings(tmp_path, "cpu").beta == 0.5
-    assert lab_settings(tmp_path, "gpu").beta == lab_settings(LAB_DIR, "gpu").beta  # the shared value
+def test_a_chapter_states_only_what_it_changes_from_the_recipe(tmp_path):
+    (tmp_path / "lab.toml").write_text('chapter = "x"\nmax_steps = 7\n[profile.cpu]\nbeta = 0.5\n')
+    cpu, gpu = lab_settings(tmp_path, "cpu"), lab_settings(tmp_path, "gpu")
+    assert (cpu.beta, cpu.max_steps) == (0.5, 7)  # its profile table, then its shared values
+    assert (gpu.beta, gpu.max_steps) == (recipe("gpu")["beta"], 7)  # the recipe where it says nothing
+    assert cpu.learning_rate == recipe("cpu")["learning_rate"] != recipe("gpu")["learning_rate"]
+
+
+def test_chapter_1_is_the_recipe_and_chapter_2_holds_only_its_differences():
+    assert set(read_lab_toml(LAB_DIR)) == {"chapter"}
+    for profile in PROFILES:
+        values = recipe(profile)
+        sizing = read_lab_toml(LAB_DIR.parent / "grpo-sizing")
+        changed = {
+            **{k: v for k, v in sizing.items() if k != "profile"},
+            **sizing["profile"].get(profile, {}),
+        }
+        assert all(values.get(k) != v for k, v in changed.items() if k != "chapter"), "restates the recipe"
+
+
+@pytest.mark.parametrize("lab", TRAINER_LABS, ids=lambda p: p.name)
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_chapters_effective_settings_are_what_they_were_before_the_recipe(lab, profile):
+    """The recipe moved every value out of the chapters' lab.toml files; what each chapter trains did not
+    move: its settings, both profiles, as they resolved before (tests/data, every chapter of that day)."""
+    before = json.loads(
+        (REPO_ROOT / "tests" / "data" / "chapter_settings_before_the_recipe.json").read_text()
+    )
+    key = f"{lab.name}/{profile}"
+    if key not in before:
+        pytest.skip(f"{lab.name} came after the recipe")
+    assert lab_settings(lab, profile).as_params() == before[key]
 
 
 @pytest.mark.parametrize("lab", TRAINER_LABS, ids=lambda p: p.name)
@@ -110,17 +148,21 @@ def test_unknown_profile_and_missing_lab_are_refused(tmp_path):
 
 
 def test_a_typo_in_lab_toml_is_named(tmp_path):
-    text = (LAB_DIR / "lab.toml").read_text().replace("max_steps = 60", "max_step = 60")
-    (tmp_path / "lab.toml").write_text(text)
+    (tmp_path / "lab.toml").write_text('chapter = "x"\n[profile.cpu]\nmax_step = 60\n')
     with pytest.raises(LabSettingsError, match=r"unknown setting.*max_step"):
         lab_settings(tmp_path, "cpu")
-
-
-def test_a_missing_setting_is_named(tmp_path):
-    text = (LAB_DIR / "lab.toml").read_text().replace("seed = 0\n", "")
-    (tmp_path / "lab.toml").write_text(text)
-    with pytest.raises(LabSettingsError, match=r"lacks seed"):
+    (tmp_path / "lab.toml").write_text('chapter = "x"\n[profile.tpu]\nmax_steps = 60\n')
+    with pytest.raises(LabSettingsError, match=r"unknown profile table.*tpu"):
         lab_settings(tmp_path, "cpu")
+
+
+def test_a_setting_neither_the_recipe_nor_the_chapter_sets_is_named(tmp_path, monkeypatch):
+    from grpolab import settings
+
+    (tmp_path / "recipe.toml").write_text(settings.RECIPE.read_text().replace("seed = 0\n", ""))
+    monkeypatch.setattr(settings, "RECIPE", tmp_path / "recipe.toml")
+    with pytest.raises(LabSettingsError, match=r"leave seed unset"):
+        lab_settings(LAB_DIR, "cpu")
 
 
 def test_a_bad_flag_value_is_one_line_and_exit_2(capsys):

@@ -84,10 +84,10 @@ RUN_ELSEWHERE = {
     ),
 }
 BUDGET_COMMANDS = {
-    "uv run python -m budgets --lab labs/grpo-first",
-    "uv run python -m budgets --lab labs/grpo-first --profile cpu",
-    "uv run python -m budgets --lab labs/grpo-first --num-generations 16 --suggest-util",
-    "uv run python -m budgets --lab labs/grpo-first --unsloth-vllm-standby true",
+    "uv run python labs/grpo-first/train.py --budget-only",
+    "uv run python labs/grpo-first/train.py --budget-only --profile cpu",
+    "uv run python labs/grpo-first/train.py --budget-only --num-generations 16 --suggest-util",
+    "uv run python labs/grpo-first/train.py --budget-only --unsloth-vllm-standby true",
     "uv run python -m budgets --model qwen3-8b --gpu rtx-4090 --num-generations 16 --per-device-train-batch-size 16 --headroom",
     "uv run python -m budgets --model qwen3-32b --load-in-4bit false --gpu h100-sxm --gpus 4 --layout server --vllm-gpus 2 --json",
 }

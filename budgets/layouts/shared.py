@@ -17,7 +17,7 @@ from ..formula import given
 from ..plan import Resolved
 from ..sheet import CardSheet
 from ..trainer import overhead_lines, trainer_lines
-from ..units import gib
+from ..units import GIB, gib
 from ..vllm_rules import unsloth_approximate, unsloth_engine_limits, unsloth_standby_util, unsloth_vllm_share
 from . import Assembly, Decode, fsdp_shards, trainable_params
 
@@ -70,7 +70,7 @@ def build(r: Resolved) -> Assembly:
         sequences=r.local_gen_batch,
         released_while_training=p.unsloth_vllm_standby,
     )
-    engine.info.update(unsloth_kv_estimate_bytes=int(u_kv_gib * (1 << 30)), unsloth_kv_tokens=u_tokens)
+    engine.info.update(unsloth_kv_estimate_bytes=int(u_kv_gib * GIB), unsloth_kv_tokens=u_tokens)
     if u_tokens < r.max_seq_length:
         engine.info["unsloth_max_seq_length"] = max(u_tokens, 256)
 

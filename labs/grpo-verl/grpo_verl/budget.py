@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import budgets
+from budgets.units import GIB
+from budgets.vocabulary import flag, flag_text
 from grpo_verl.settings import LaunchConfig
 
 # Plan field -> the verl key it is read from. Everything else in `plan()` is fixed by verl's layout.
@@ -111,27 +113,20 @@ def cli_args(p: budgets.Plan) -> list[str]:
         value = getattr(p, field.name)
         if value == getattr(default, field.name) and field.name not in ("model", "gpu"):
             continue
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, tuple):
-            text = ",".join(value)
-        else:
-            text = str(value)
-        args += ["--" + field.name.replace("_", "-"), text]
+        args += [flag(field.name), flag_text(value)]
     return args
 
 
 def card_summary(cfg: LaunchConfig, s: budgets.Sheet) -> dict[str, Any]:
     """The figures the launcher prints beside a configuration: layout, cards, weight sync, verdict."""
-    gib = 1 << 30
     return {
         "config": cfg.name,
         "model": s.inputs["model"],
         "cards": f"{cfg.nnodes} x {cfg.n_gpus_per_node} {s.inputs['gpu']}",
         "layout": f"{s.inputs['layout']} ({s.inputs['trainer_sharding']}, vLLM asleep while training)",
-        "peak_per_card_gib": round(s.total_bytes / gib, 2),
-        "capacity_gib": round(s.capacity_bytes / gib, 2),
-        "weight_sync": f"{s.metrics['weight_sync_bytes_per_step'] / gib:.2f} GiB, {s.metrics['weight_sync']}",
+        "peak_per_card_gib": round(s.total_bytes / GIB, 2),
+        "capacity_gib": round(s.capacity_bytes / GIB, 2),
+        "weight_sync": f"{s.metrics['weight_sync_bytes_per_step'] / GIB:.2f} GiB, {s.metrics['weight_sync']}",
         "fits": s.fits,
         "verdict": s.verdict(),
     }
@@ -169,7 +164,7 @@ def candidates(cfg: LaunchConfig, models: tuple[str, ...] = QWEN3_BASES) -> list
     rows = []
     for model in models:
         s = sheet(cfg, {**cfg.verl, "actor_rollout_ref.model.path": model})
-        rows.append({"model": model, "peak_gib": round(s.total_bytes / (1 << 30), 2), "fits": s.fits})
+        rows.append({"model": model, "peak_gib": round(s.total_bytes / GIB, 2), "fits": s.fits})
     return rows
 
 
