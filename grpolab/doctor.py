@@ -7,19 +7,25 @@ accepts. The signs it reads, all logged by TRL every step:
     completions/clipped_ratio    completions cut at max_completion_length: the answer never came
     kl                           distance from the reference policy (beta > 0)
     entropy                      how spread the policy's sampling still is
-    rewards/<fn>/mean            each reward; format up while correctness falls is reward hacking
+    rewards/<fn>/mean            each reward; a shaping reward up while an answer reward falls is
+                                 reward hacking
 
-and the held-out accuracy before and after training (grpolab.evaluate).
+and the held-out accuracy before and after training (grpolab.evaluate). Which rewards there are, the
+most each pays and its role (answer or shaping) come from the run's task (`values["task"]`), as
+declared in task.rewards, so every rule reads a reward as soon as a task declares it.
 """
 
 from __future__ import annotations
 
+import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from budgets.advice import lower, raise_, render
+from task import get_task
+from task.rewards import RewardFunc, RewardInfo, RewardRole, reward_info
 
 # Thresholds, each a judgement call stated once.
 NO_SIGNAL_SHARE = 0.3  # a third of the groups teaching nothing is a run mostly spent idle
@@ -27,12 +33,10 @@ CLIPPED_SHARE = 0.25  # a quarter of completions cut short
 KL_RISE = 2.0  # the last quarter's KL at least twice the second quarter's ...
 KL_FLOOR = 0.5  # ... and large in absolute terms (nats per token)
 ENTROPY_FALL = 0.25  # the last quarter's entropy under a quarter of the first's
-FLAT_SHARE = 0.02  # the reward moved by less than 2% of the most it pays
-FORMAT = "rewards/format_reward/mean"
-CORRECT = "rewards/correctness_reward/mean"
-MAX_REWARD = 1.2  # the tasks' correctness (1.0) plus format (0.2)
+FLAT_SHARE = 0.02  # a reward moved by less than 2% of the most it pays
 LOW_REWARD = 0.05  # a mean reward at or below this: most completions earn nothing at all
-RARE_CORRECT = 0.01  # correctness paid this rarely on average: the answer is out of the policy's reach
+RARE_CORRECT = 0.01  # answer rewards paid this share of their maximum on average: the answer is out of reach
+REWARD_METRIC = re.compile(r"rewards/(.+)/mean")
 
 
 @dataclass(frozen=True)
@@ -46,11 +50,34 @@ class Finding:
 
 def step_rows(history: Sequence[dict[str, float]]) -> list[dict[str, float]]:
     """The rows TRL logs once per step (not the end-of-training summary)."""
-    return [row for row in history if "loss" in row or FORMAT in row]
+    # Any reward's mean marks a step row, whatever the task: the summary row logs none of them.
+    return [row for row in history if "loss" in row or any(REWARD_METRIC.fullmatch(k) for k in row)]
 
 
 def series(history: Sequence[dict[str, float]], key: str) -> list[float]:
     return [row[key] for row in history if key in row]
+
+
+def run_rewards(
+    values: Mapping[str, Any], reward_funcs: Sequence[RewardFunc] | None = None
+) -> tuple[RewardInfo, ...]:
+    """The declared rewards the run was trained on: `reward_funcs` if given, else `values["task"]`'s."""
+    if reward_funcs is None:
+        if values.get("task") is None:
+            # No guess: every threshold scales with the rewards' maxima, and a wrong task's rewards
+            # would give confident, wrong verdicts (or none) instead of an error.
+            raise ValueError("the run doctor needs the run's task: values['task'], or reward_funcs=")
+        reward_funcs = get_task(values["task"]).reward_funcs
+    return tuple(reward_info(f) for f in reward_funcs)
+
+
+def _trend(rows: Sequence[dict[str, float]], reward: RewardInfo) -> tuple[float, float] | None:
+    """A reward's first and last quarter means, None if it was never logged."""
+    values = series(rows, reward.metric)
+    if not values:
+        return None
+    first, _, _, last = quarters(values)
+    return first, last
 
 
 def no_signal(rows: Sequence[dict[str, float]]) -> list[float]:
@@ -75,17 +102,24 @@ def quarters(values: list[float]) -> tuple[float, float, float, float]:
 
 def diagnose(
     history: Sequence[dict[str, float]],
-    values: dict[str, Any],
+    values: Mapping[str, Any],
     accepts: set[str],
     before=None,
     after=None,
+    *,
+    reward_funcs: Sequence[RewardFunc] | None = None,
 ) -> list[Finding]:
-    """The findings for one run. `values`: the run's settings (what advice is rendered against);
-    `accepts`: the settings the lab's command line accepts; `before`/`after`: held-out results."""
+    """The findings for one run. `values`: the run's settings (what advice is rendered against, and
+    `values["task"]`, whose rewards are read); `accepts`: the settings the lab's command line accepts;
+    `before`/`after`: held-out results; `reward_funcs`: the rewards, when not the task's."""
+    rewards = run_rewards(values, reward_funcs)  # before any early return: a bad call fails on every run
     rows = step_rows(history)
     findings: list[Finding] = []
     if len(rows) < MIN_STEPS:
         return findings
+    most = sum(r.max_reward for r in rewards)
+    answers = [r for r in rewards if r.role is RewardRole.ANSWER]
+    shaping = [r for r in rewards if r.role is RewardRole.SHAPING]
 
     def advise(*changes) -> str:
         return render(tuple(changes), values, accepts)
@@ -95,14 +129,15 @@ def diagnose(
     if flat and statistics.fmean(flat) >= NO_SIGNAL_SHARE:
         idle = sum(1 for f in flat if f >= 0.999)
         level = statistics.fmean(reward) if reward else 0.0
-        correct = series(rows, CORRECT)
+        paid = {r: statistics.fmean(s) for r in answers if (s := series(rows, r.metric))}
         harder = "pick a harder task with --task" if "task" in accepts else "pick a harder task"
-        if level >= 0.9 * MAX_REWARD:
+        if level >= 0.9 * most:
             why, fix = "the task is too easy for the policy", harder
-        elif level > LOW_REWARD and correct and statistics.fmean(correct) < RARE_CORRECT:
+        elif level > LOW_REWARD and paid and all(m < RARE_CORRECT * r.max_reward for r, m in paid.items()):
             why = (
                 f"completions earn the format and almost never the answer (correctness "
-                f"{statistics.fmean(correct):.3f} on average): the policy has little left it can learn"
+                f"{', '.join(f'{m:.3f}' for m in paid.values())} on average in "
+                f"{', '.join(r.metric for r in paid)}): the policy has little left it can learn"
             )
             fix = advise(raise_("num_generations"), raise_("temperature")) + ", or an easier task"
         elif level <= LOW_REWARD:
@@ -154,29 +189,30 @@ def diagnose(
                 )
             )
 
-    fmt, correct = series(rows, FORMAT), series(rows, CORRECT)
     eval_fell = before is not None and after is not None and after.accuracy < before.accuracy
-    if fmt and correct:
-        fmt_first, _, _, fmt_last = quarters(fmt)
-        c_first, _, _, c_last = quarters(correct)
-        correct_fell = c_last < c_first - FLAT_SHARE * 1.0
-        if fmt_last > fmt_first + FLAT_SHARE * 0.2 and (correct_fell or eval_fell):
-            held_out = (
-                f", held-out accuracy {before.accuracy:.1%} -> {after.accuracy:.1%}" if eval_fell else ""
+    # Each reward's moves are judged against the most it pays: a 0.004 rise is noise for a 1.0 reward
+    # and 2% of a 0.2 one.
+    rose = [(r, t) for r in shaping if (t := _trend(rows, r)) and t[1] > t[0] + FLAT_SHARE * r.max_reward]
+    answered = [(r, t) for r in answers if (t := _trend(rows, r))]
+    fell = [(r, t) for r, t in answered if t[1] < t[0] - FLAT_SHARE * r.max_reward]
+    if rose and (fell or eval_fell):
+        # When only the held-out accuracy fell, the answer rewards' flat trends are shown beside it.
+        clauses = [f"{r.metric} went {t[0]:.3f} -> {t[1]:.3f}" for r, t in (fell or answered)]
+        if eval_fell:
+            clauses.append(f"held-out accuracy {before.accuracy:.1%} -> {after.accuracy:.1%}")
+        findings.append(
+            Finding(
+                "reward_hacking",
+                f"{' and '.join(f'{r.metric} rose {t[0]:.3f} -> {t[1]:.3f}' for r, t in rose)} while "
+                f"{', '.join(clauses)}: the policy learns the format, not the task: "
+                f"{advise(lower('learning_rate'), raise_('beta'))}, and check the rewards pay only right answers",
             )
-            findings.append(
-                Finding(
-                    "reward_hacking",
-                    f"the format reward rose {fmt_first:.3f} -> {fmt_last:.3f} while correctness went "
-                    f"{c_first:.3f} -> {c_last:.3f}{held_out}: the policy learns the format, not the task: "
-                    f"{advise(lower('learning_rate'), raise_('beta'))}, and check the rewards pay only right answers",
-                )
-            )
+        )
 
     if reward and not any(f.name == "no_learning_signal" for f in findings):
         first, _, _, last = quarters(reward)
         improved = after is not None and before is not None and after.accuracy > before.accuracy
-        if abs(last - first) < FLAT_SHARE * MAX_REWARD and not improved:
+        if abs(last - first) < FLAT_SHARE * most and not improved:
             findings.append(
                 Finding(
                     "reward_flat",
@@ -184,6 +220,20 @@ def diagnose(
                     f"steps: {advise(raise_('learning_rate'), raise_('max_steps'))}",
                 )
             )
+
+    declared = {r.metric for r in rewards}
+    undeclared = sorted({k for row in rows for k in row if REWARD_METRIC.fullmatch(k)} - declared)
+    if undeclared:
+        # Reported, not guessed at: with no maximum or role no rule can read it, and the run's maximum
+        # reward (what "flat" and "too easy" are measured against) leaves its payout out.
+        findings.append(
+            Finding(
+                "undeclared_reward",
+                f"{', '.join(undeclared)} logged, but the run's task declares only "
+                f"{', '.join(sorted(declared))}: no rule read it: declare it in the task's reward_funcs "
+                f"with task.rewards.declare_reward",
+            )
+        )
     return findings
 
 

@@ -9,16 +9,20 @@
 Every task pays ``correctness_reward`` 1.0 for a right answer and ``format_reward`` 0.2 for exactly one
 tag holding a well-formed answer of its type, both parsed by the task's one ``parse_answer``, so the
 metric names ``rewards/correctness_reward/mean`` and ``rewards/format_reward/mean`` mean the same for
-every task. What a lab or a budget reads, without a GPU::
+every task. Each reward is declared (``task.rewards.declare_reward``) with the most it pays and its
+role, answer or shaping; ``t.rewards`` lists the declarations. What a lab or a budget reads, without a
+GPU::
 
     t = get_task("countdown")
     t.build_dataset(512, seed)        # training prompts: columns prompt, target, ... (t.reward_columns)
     t.build_eval_dataset(200, seed)   # held-out prompts, disjoint by content from every training set
     t.reward_funcs                    # (correctness_reward, format_reward), TRL's signature
+    t.rewards                         # their RewardInfo: metric, max_reward (1.0, 0.2), role
+    t.max_reward                      # the most one completion can earn: 1.2
     t.max_prompt_chars()              # characters of the longest prompt's messages (template not counted)
 
 A new task is a module beside ``addition.py`` (system prompt, builders, ``worst_case_prompt``,
-``parse_answer`` and the two rewards) and one ``Task`` entry in ``TASKS``.
+``parse_answer`` and the two rewards, each declared) and one ``Task`` entry in ``TASKS``.
 """
 
 from __future__ import annotations
@@ -29,7 +33,17 @@ from typing import TYPE_CHECKING, Any
 
 from task import addition, countdown, sorting
 from task.dataset import prompt_chars
-from task.rewards import REWARDS, completion_text, correctness_reward, format_reward, parse_answer
+from task.rewards import (
+    REWARDS,
+    RewardInfo,
+    RewardRole,
+    completion_text,
+    correctness_reward,
+    declare_reward,
+    format_reward,
+    parse_answer,
+    reward_info,
+)
 
 if TYPE_CHECKING:
     import datasets
@@ -51,7 +65,8 @@ class Task:
             ``max_prompt_chars()`` counts its characters.
     Parameters that score completions:
         reward_funcs: ``(correctness_reward, format_reward)``, each
-            ``(prompts, completions, **columns) -> list[float]``, total: one float per completion.
+            ``(prompts, completions, **columns) -> list[float]``, total: one float per completion,
+            and declared with ``declare_reward``; their names distinct, at least one an answer reward.
         reward_columns: the dataset columns the rewards read besides prompts and completions.
         parse_answer: ``text -> answer | None``, the one parser both rewards use.
         reference_answer: ``row -> str``, a correct answer for a row (what goes inside the tag).
@@ -67,6 +82,27 @@ class Task:
     reward_columns: tuple[str, ...]
     parse_answer: Callable[[str], Any]
     reference_answer: Callable[[dict[str, Any]], str]
+
+    def __post_init__(self) -> None:
+        # Checked when the task is built (at import for the registry's): a reward nobody declared, or
+        # two logged under one name, would otherwise reach the run doctor's verdicts unread.
+        names = [r.name for r in self.rewards]
+        if len(set(names)) != len(names):
+            raise ValueError(
+                f"task {self.name!r}: TRL logs one metric per name, and rewards share one: {names}"
+            )
+        if not any(r.role is RewardRole.ANSWER for r in self.rewards):
+            raise ValueError(f"task {self.name!r}: no reward is declared an answer reward: {names}")
+
+    @property
+    def rewards(self) -> tuple[RewardInfo, ...]:
+        """The declarations of ``reward_funcs``, in the same order."""
+        return tuple(reward_info(f) for f in self.reward_funcs)
+
+    @property
+    def max_reward(self) -> float:
+        """The most one completion can earn: TRL's ``reward`` is the sum of the rewards (weights 1)."""
+        return sum(r.max_reward for r in self.rewards)
 
     def max_prompt_chars(self) -> int:
         """Characters in the longest prompt's messages, system and user, without the chat template.
@@ -149,11 +185,15 @@ __all__ = [
     "REWARDS",
     "SORTING",
     "TASKS",
+    "RewardInfo",
+    "RewardRole",
     "Task",
     "UnknownTaskError",
     "completion_text",
     "correctness_reward",
+    "declare_reward",
     "format_reward",
     "get_task",
     "parse_answer",
+    "reward_info",
 ]

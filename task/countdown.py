@@ -32,7 +32,18 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from task.dataset import build_rows, messages
-from task.rewards import MAX_DIGITS, answer_span, correctness_scores, format_scores, int_list_value, int_value
+from task.rewards import (
+    CORRECT_REWARD,
+    FORMAT_REWARD,
+    MAX_DIGITS,
+    RewardRole,
+    answer_span,
+    correctness_scores,
+    declare_reward,
+    format_scores,
+    int_list_value,
+    int_value,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -135,6 +146,7 @@ def _solves(expr: Expr, target: Any, numbers: Any) -> bool:
     return evaluate(expr) == wanted
 
 
+@declare_reward(CORRECT_REWARD, RewardRole.ANSWER)
 def correctness_reward(
     prompts: Any, completions: Sequence[Any], target: Any, numbers: Any, **kwargs: Any
 ) -> list[float]:
@@ -142,6 +154,7 @@ def correctness_reward(
     return correctness_scores(completions, parse_answer, _solves, target, numbers)
 
 
+@declare_reward(FORMAT_REWARD, RewardRole.SHAPING)
 def format_reward(prompts: Any, completions: Sequence[Any], **kwargs: Any) -> list[float]:
     """0.2 when the completion holds exactly one ``<ans>`` tag holding a well-formed expression."""
     return format_scores(completions, parse_answer)

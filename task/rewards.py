@@ -2,7 +2,14 @@
 
 Plain functions with TRL's reward signature ``(prompts, completions, **columns) -> list[float]``,
 open-r1 style. TRL logs each one as ``rewards/<__name__>/mean``, so the names are part of the API:
-every task names its two rewards ``correctness_reward`` and ``format_reward``.
+every task names its two rewards ``correctness_reward`` and ``format_reward``. Each reward is declared
+with ``declare_reward``: the most it pays and its role, an ``ANSWER`` reward (the right answer, what
+the task is for) or a ``SHAPING`` one (a form on the way to it, which a policy can learn alone). Readers
+such as the run doctor take every reward's metric, maximum and role from there, never from a list of
+names of their own, so a new reward is read as soon as it is declared::
+
+    >>> reward_info(format_reward)
+    RewardInfo(name='format_reward', max_reward=0.2, role=<RewardRole.SHAPING: 'shaping'>)
 
 They are total: whatever a model (or a caller) hands them, they return one float per completion and
 never raise, as one bad completion must not crash a training step. Each task has one parser that
@@ -25,7 +32,9 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, TypeVar
 
 OPEN_TAG = "<ans>"
 CLOSE_TAG = "</ans>"
@@ -212,6 +221,65 @@ def _safe(func: Callable[..., Any], *args: Any) -> Any:
         return None
 
 
+# ------------------------------------------------------------------ declarations
+
+
+class RewardRole(StrEnum):
+    """What a reward pays for; a shaping reward rising while an answer reward falls is reward hacking."""
+
+    ANSWER = "answer"
+    SHAPING = "shaping"
+
+
+@dataclass(frozen=True)
+class RewardInfo:
+    """One reward function's declaration: its ``__name__``, the most it pays a completion, its role."""
+
+    name: str
+    max_reward: float
+    role: RewardRole
+
+    @property
+    def metric(self) -> str:
+        """The per-step mean TRL logs for this reward."""
+        return f"rewards/{self.name}/mean"
+
+
+class UndeclaredRewardError(TypeError):
+    """A reward function without ``declare_reward``: nothing could say what it pays or for what."""
+
+
+RewardFunc = Callable[..., list[float]]
+F = TypeVar("F", bound=RewardFunc)
+
+
+def declare_reward(max_reward: float, role: RewardRole | str) -> Callable[[F], F]:
+    """Decorator: record a reward's maximum payout and role on the function, left otherwise unchanged."""
+    role = RewardRole(role)  # a typo in the role fails here, at import, not in a reader much later
+
+    def declare(func: F) -> F:
+        # On the function itself, not in a table beside it: functools.wraps copies __dict__, so a
+        # wrapper that keeps the __name__ TRL logs keeps the declaration too.
+        func.reward_info = RewardInfo(func.__name__, float(max_reward), role)  # type: ignore[attr-defined]
+        return func
+
+    return declare
+
+
+def reward_info(func: RewardFunc) -> RewardInfo:
+    """The declaration of ``func``; UndeclaredRewardError if it has none or its name has changed since."""
+    info = getattr(func, "reward_info", None)
+    name = getattr(func, "__name__", repr(func))
+    if not isinstance(info, RewardInfo):
+        raise UndeclaredRewardError(
+            f"reward function {name} has no declaration: decorate it with "
+            f"task.rewards.declare_reward(max_reward, role)"
+        )
+    if info.name != name:  # TRL logs the current __name__; a stale name would point at no metric
+        raise UndeclaredRewardError(f"reward function {name} carries the declaration of {info.name}")
+    return info
+
+
 # ------------------------------------------------------------------ the integer-answer rewards (addition)
 
 
@@ -219,17 +287,17 @@ def _same_int(answer: int, expected: Any) -> bool:
     return answer == int_value(expected)
 
 
+@declare_reward(CORRECT_REWARD, RewardRole.ANSWER)
 def correctness_reward(prompts: Any, completions: Sequence[Any], target: Any, **kwargs: Any) -> list[float]:
     """1.0 when the completion's one integer answer equals the target, else 0.0."""
     return correctness_scores(completions, parse_answer, _same_int, target)
 
 
+@declare_reward(FORMAT_REWARD, RewardRole.SHAPING)
 def format_reward(prompts: Any, completions: Sequence[Any], **kwargs: Any) -> list[float]:
     """0.2 when the completion holds exactly one ``<ans>`` tag holding one integer, else 0.0."""
     return format_scores(completions, parse_answer)
 
-
-RewardFunc = Callable[..., list[float]]
 
 REWARDS: dict[str, RewardFunc] = {
     "correctness_reward": correctness_reward,

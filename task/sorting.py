@@ -19,7 +19,17 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from task.dataset import build_rows, messages
-from task.rewards import answer_span, correctness_scores, format_scores, int_list_value, parse_int_list
+from task.rewards import (
+    CORRECT_REWARD,
+    FORMAT_REWARD,
+    RewardRole,
+    answer_span,
+    correctness_scores,
+    declare_reward,
+    format_scores,
+    int_list_value,
+    parse_int_list,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -43,11 +53,13 @@ def _is_sorted_target(answer: tuple[int, ...], target: Any) -> bool:
     return answer == int_list_value(target)
 
 
+@declare_reward(CORRECT_REWARD, RewardRole.ANSWER)
 def correctness_reward(prompts: Any, completions: Sequence[Any], target: Any, **kwargs: Any) -> list[float]:
     """1.0 when the answer's list equals the target (the sorted numbers), else 0.0."""
     return correctness_scores(completions, parse_answer, _is_sorted_target, target)
 
 
+@declare_reward(FORMAT_REWARD, RewardRole.SHAPING)
 def format_reward(prompts: Any, completions: Sequence[Any], **kwargs: Any) -> list[float]:
     """0.2 when the completion holds exactly one ``<ans>`` tag holding comma-separated integers."""
     return format_scores(completions, parse_answer)

@@ -2,18 +2,53 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 from conftest import LAB_DIR
 
+import task
 from grpolab.doctor import diagnose, verdict
 from grpolab.evaluate import EvalResult
 from grpolab.session import parser
 from grpolab.settings import FLAGS, lab_settings
+from task.rewards import RewardRole, UndeclaredRewardError, completion_text, declare_reward
 
 VALUES = {name: getattr(lab_settings(LAB_DIR, "gpu"), name) for name in FLAGS}
 STEPS = 40
+
+
+# Rewards no task has, declared the way the tasks declare theirs, for tasks built only here.
+@declare_reward(0.5, RewardRole.SHAPING)
+def reasoning_reward(prompts, completions, **kwargs) -> list[float]:
+    """0.5 for a completion that shows its reasoning between <think> and </think>."""
+    return [0.5 if "</think>" in completion_text(c) else 0.0 for c in completions]
+
+
+@declare_reward(10.0, RewardRole.ANSWER)
+def exact_reward(prompts, completions, target, **kwargs) -> list[float]:
+    """10.0 for a completion that is exactly the target and nothing else."""
+    return [
+        10.0 if completion_text(c).strip() == str(t) else 0.0
+        for c, t in zip(completions, target, strict=True)
+    ]
+
+
+THINKING = dataclasses.replace(
+    task.ADDITION, name="addition-thinking", reward_funcs=(*task.ADDITION.reward_funcs, reasoning_reward)
+)
+RICH = dataclasses.replace(
+    task.ADDITION, name="addition-rich", reward_funcs=(*task.ADDITION.reward_funcs, exact_reward)
+)
+
+
+@pytest.fixture
+def registered(monkeypatch):
+    """The test tasks in the registry, where the doctor looks up values["task"] as in a real run."""
+    for t in (THINKING, RICH):
+        monkeypatch.setitem(task.TASKS, t.name, t)
+    return lambda t: {**VALUES, "task": t.name}
 
 
 def history(**series) -> list[dict[str, float]]:
@@ -156,3 +191,109 @@ def test_a_run_too_short_to_read_says_so():
     assert verdict(diagnose(rows, VALUES, set(FLAGS)), steps=len(step_rows(rows))).startswith(
         "Run doctor: 3 logged step(s) are too few"
     )
+
+
+def test_a_new_shaping_reward_rising_while_correctness_falls_is_reward_hacking(registered):
+    rows = history(
+        **{
+            "rewards/reasoning_reward/mean": lambda t: 0.5 * t,
+            "rewards/format_reward/mean": lambda t: 0.2,
+            "rewards/correctness_reward/mean": lambda t: 0.5 - 0.4 * t,
+        }
+    )
+    (hack,) = [f for f in diagnose(rows, registered(THINKING), set(FLAGS)) if f.name == "reward_hacking"]
+    text = str(hack)
+    assert "rewards/reasoning_reward/mean rose 0.0" in text and "format_reward" not in text
+    assert "rewards/correctness_reward/mean went 0.4" in text
+    # The same rewards handed in directly, as a caller outside the lab would: the same verdict.
+    by_funcs = diagnose(rows, VALUES, set(FLAGS), reward_funcs=THINKING.reward_funcs)
+    assert [str(f) for f in by_funcs if f.name == "reward_hacking"] == [text]
+    # Addition does not pay it: the doctor reports the reward unread instead of reasoning on it.
+    under_addition = diagnose(rows, VALUES, set(FLAGS))
+    assert "reward_hacking" not in names(under_addition)
+    (unread,) = [f for f in under_addition if f.name == "undeclared_reward"]
+    assert str(unread).startswith("undeclared_reward: rewards/reasoning_reward/mean logged")
+
+
+def test_a_shaping_reward_rising_by_less_than_its_own_two_percent_is_not_hacking(registered):
+    # 0.008 is more than 2% of format's 0.2 but less than 2% of reasoning's 0.5.
+    rows = history(
+        **{
+            "rewards/reasoning_reward/mean": lambda t: 0.2 + 0.011 * t,
+            "rewards/format_reward/mean": lambda t: 0.2,
+            "rewards/correctness_reward/mean": lambda t: 0.5 - 0.4 * t,
+        }
+    )
+    assert "reward_hacking" not in names(diagnose(rows, registered(THINKING), set(FLAGS)))
+
+
+def test_the_flat_reward_rule_measures_against_the_tasks_own_maximum(registered):
+    rows = history(reward=lambda t: 0.3 + 0.1 * t)  # quarters 0.31 -> 0.39: 6% of 1.2, under 1% of 11.2
+    assert task.ADDITION.max_reward == pytest.approx(1.2) and RICH.max_reward == pytest.approx(11.2)
+    assert "reward_flat" not in names(diagnose(rows, VALUES, set(FLAGS)))
+    assert "reward_flat" in names(diagnose(rows, registered(RICH), set(FLAGS)))
+
+
+def test_too_easy_is_measured_against_the_tasks_own_maximum(registered):
+    rows = history(reward=lambda t: 1.15, frac_reward_zero_std=lambda t: 0.9)
+
+    def why(values) -> str:
+        (finding,) = [f for f in diagnose(rows, values, set(FLAGS)) if f.name == "no_learning_signal"]
+        return str(finding)
+
+    assert "the task is too easy" in why(VALUES)  # 1.15 of addition's 1.2
+    assert "too easy" not in why(registered(RICH))  # 1.15 of 11.2
+
+
+def test_a_rare_answer_is_measured_against_each_answer_rewards_maximum(registered):
+    # exact_reward averages 0.05 of its 10.0 (0.5%): as rare as correctness's 0.0, though above 1% of 1.0.
+    rows = history(
+        reward=lambda t: 0.25,
+        frac_reward_zero_std=lambda t: 0.6,
+        **{
+            "rewards/format_reward/mean": lambda t: 0.2,
+            "rewards/correctness_reward/mean": lambda t: 0.0,
+            "rewards/exact_reward/mean": lambda t: 0.05,
+        },
+    )
+    (finding,) = [f for f in diagnose(rows, registered(RICH), set(FLAGS)) if f.name == "no_learning_signal"]
+    assert (
+        "almost never the answer (correctness 0.000, 0.050 on average in "
+        "rewards/correctness_reward/mean, rewards/exact_reward/mean)" in str(finding)
+    )
+    paid_often = [{**row, "rewards/exact_reward/mean": 2.0} for row in rows]  # 20% of its maximum
+    (finding,) = [
+        f for f in diagnose(paid_often, registered(RICH), set(FLAGS)) if f.name == "no_learning_signal"
+    ]
+    assert "almost never the answer" not in str(finding)
+
+
+def test_the_doctor_fails_loudly_without_the_runs_task():
+    partial = {k: v for k, v in VALUES.items() if k != "task"}
+    with pytest.raises(ValueError, match=r"values\['task'\]"):
+        diagnose(history(), partial, set(FLAGS))
+    with pytest.raises(ValueError, match=r"values\['task'\]"):
+        diagnose(history()[:2], partial, set(FLAGS))  # a short run too: the call is wrong, not the run
+    assert diagnose(history(), partial, set(FLAGS), reward_funcs=task.ADDITION.reward_funcs) == []
+    with pytest.raises(task.UnknownTaskError):
+        diagnose(history(), {**VALUES, "task": "no-such-task"}, set(FLAGS))
+
+
+def test_an_undeclared_reward_function_is_refused():
+    def bare_reward(prompts, completions, **kwargs) -> list[float]:
+        return [0.0 for _ in completions]
+
+    with pytest.raises(UndeclaredRewardError, match="bare_reward"):
+        diagnose(history(), VALUES, set(FLAGS), reward_funcs=(*task.ADDITION.reward_funcs, bare_reward))
+
+
+def test_an_answer_reward_rising_is_not_a_shaping_reward_rising(registered):
+    # Roles, not names, decide: exact_reward is an answer reward, so its rise is learning, not a hack.
+    rows = history(
+        **{
+            "rewards/exact_reward/mean": lambda t: 4.0 * t,
+            "rewards/format_reward/mean": lambda t: 0.2,
+            "rewards/correctness_reward/mean": lambda t: 0.5 - 0.4 * t,
+        }
+    )
+    assert "reward_hacking" not in names(diagnose(rows, registered(RICH), set(FLAGS)))

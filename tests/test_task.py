@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
 import random
 import re
@@ -15,10 +17,15 @@ from task import addition
 from task.rewards import (
     MAX_DIGITS,
     REWARDS,
+    RewardInfo,
+    RewardRole,
+    UndeclaredRewardError,
     completion_text,
     correctness_reward,
+    declare_reward,
     format_reward,
     parse_answer,
+    reward_info,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,6 +63,45 @@ def test_rewards_registry_names_match_function_names() -> None:
     assert list(REWARDS.values()) == [correctness_reward, format_reward]
     for name, func in REWARDS.items():
         assert func.__name__ == name
+        assert reward_info(func).name == name and reward_info(func).metric == f"rewards/{name}/mean"
+
+
+def test_declaring_a_reward_leaves_the_function_as_it_was() -> None:
+    def plain(prompts, completions, **kwargs):
+        return [1.0 for _ in completions]
+
+    signature = inspect.signature(plain)
+    declared = declare_reward(0.5, "shaping")(plain)
+    assert declared is plain and inspect.signature(declared) == signature and declared.__name__ == "plain"
+    assert declared(None, ["a", "b"]) == [1.0, 1.0]
+    assert reward_info(declared) == RewardInfo("plain", 0.5, RewardRole.SHAPING)
+    with pytest.raises(ValueError):
+        declare_reward(1.0, "bonus")  # a role nobody reads fails at declaration
+
+
+def test_a_wrapper_keeps_the_declaration_and_a_renamed_function_loses_it() -> None:
+    @functools.wraps(correctness_reward)
+    def logged(*args, **kwargs):
+        return correctness_reward(*args, **kwargs)
+
+    assert reward_info(logged) == reward_info(correctness_reward)
+    logged.__name__ = "logged_reward"  # TRL would log rewards/logged_reward/mean
+    with pytest.raises(UndeclaredRewardError, match="logged_reward"):
+        reward_info(logged)
+
+
+def test_a_task_refuses_rewards_the_doctor_could_not_read() -> None:
+    def bare_reward(prompts, completions, **kwargs):
+        return [0.0 for _ in completions]
+
+    with pytest.raises(UndeclaredRewardError, match="bare_reward"):
+        dataclasses.replace(task.ADDITION, reward_funcs=(correctness_reward, bare_reward))
+    with pytest.raises(ValueError, match="share"):
+        dataclasses.replace(
+            task.ADDITION, reward_funcs=(correctness_reward, task.countdown.correctness_reward)
+        )
+    with pytest.raises(ValueError, match="answer"):
+        dataclasses.replace(task.ADDITION, reward_funcs=(format_reward,))
 
 
 # ---------------------------------------------------------------- dataset

@@ -16,7 +16,7 @@ import pytest
 
 import task
 from task.dataset import EVAL_SHARE, prompt_chars, split_of
-from task.rewards import CORRECT_REWARD, FORMAT_REWARD
+from task.rewards import CORRECT_REWARD, FORMAT_REWARD, RewardRole, reward_info
 
 TASKS = list(task.TASKS.values())
 IDS = [t.name for t in TASKS]
@@ -160,6 +160,19 @@ def test_reference_answers_score_full_marks(t: task.Task) -> None:
 
 
 @ALL
+def test_declared_rewards_match_the_functions_and_what_a_perfect_answer_earns(t: task.Task) -> None:
+    # What the run doctor reads (metric, maximum, role) must be what TRL logs and the function pays.
+    assert [r.name for r in t.rewards] == [f.__name__ for f in t.reward_funcs]
+    assert [r.metric for r in t.rewards] == [f"rewards/{f.__name__}/mean" for f in t.reward_funcs]
+    assert [r.role for r in t.rewards] == [RewardRole.ANSWER, RewardRole.SHAPING]
+    rows = t.build_dataset(100, 7).to_list() + t.build_eval_dataset(50, 7).to_list()
+    completions = [_chat(f"<ans>{t.reference_answer(r)}</ans>") for r in rows]
+    paid = _score(t, completions, rows)
+    assert paid == [[r.max_reward] * len(rows) for r in t.rewards]
+    assert t.max_reward == pytest.approx(sum(scores[0] for scores in paid))
+
+
+@ALL
 def test_another_rows_answer_is_not_correct(t: task.Task) -> None:
     rows = t.build_dataset(200, 2).to_list()
     shifted = rows[1:] + rows[:1]
@@ -238,6 +251,7 @@ def test_rewards_are_total_on_weird_completions_and_columns(t: task.Task) -> Non
                 assert len(rewards) == n
                 assert all(type(r) is float for r in rewards)
                 assert set(rewards) <= {0.0, CORRECT_REWARD, FORMAT_REWARD}
+                assert max(rewards, default=0.0) <= reward_info(func).max_reward
 
 
 def _as_numpy(np: Any, values: list[Any]) -> Any:
