@@ -7,14 +7,13 @@ defaults, the reference policy, the log-prob kernels, the precision rules). `grp
 makes both profiles train through Unsloth's class; `keep_float32` keeps the CPU profile's float32
 model out of the float16 autocast Unsloth's trainer would otherwise choose on a CPU.
 
-Measured on the CPU profile (tiny Qwen3, 4-bit, 60 steps, 2 busy cores, one seed each): through
-Unsloth's trainer with `keep_float32` the format reward goes 0.006 -> 0.195 (first vs last ten
-steps), as through TRL's (0.005 -> 0.200). It costs more: generating the trainers 35-60 s, a
-first step of 38-100 s against TRL's 16-27 s (torch.compile of Unsloth's GRPO code), ~160 MiB more
-peak RSS, and 769 s of CPU for the 60 steps against TRL's 665 s. Neither trainer learns with
-`scale_rewards="none"` (0.005 -> 0.008 and 0.004 -> 0.024): at the CPU profile's learning rate the
-group-std scaling is what moves the tiny model. Under `loss_type="dr_grpo"` Unsloth's config turns
-an explicit `scale_rewards="group"` into "none"; `scale_rewards=None` keeps the scaling ("group").
+On a CPU this costs time TRL's own trainer would not take: the first call generates Unsloth's
+trainers (every TRL trainer, not only GRPO's), and the first step compiles Unsloth's log-prob code,
+which unsloth_zoo wraps in torch.compile (`_maybe_compile`, unsloth_zoo/rl_replacements.py) unless
+`UNSLOTH_COMPILE_DISABLE` is set. What the CPU profile's run learns through this trainer, and how
+long it takes, is measured in the README ("Without a GPU"), with the command and the date.
+Under `loss_type="dr_grpo"` Unsloth's config turns an explicit `scale_rewards="group"` into "none";
+`scale_rewards=None` keeps the scaling ("group") (tests/test_unsloth_trainer.py checks both).
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ def grpo_trainer_class() -> type:
     - On a CPU, `import unsloth` takes unsloth/_cpu_init.py and never imports unsloth.models. The
       `import unsloth.models.rl` below is an internal import, not a supported CPU feature: it
       imports unsloth.models (its package), which runs the same `PatchFastRL` and so the same
-      rewriting (35 to 60 s on 2 busy cores: it generates every TRL trainer, not only GRPO's).
+      rewriting (it generates every TRL trainer, not only GRPO's).
       `UNSLOTH_ALLOW_CPU=1` makes `PatchFastRL` skip the rewriting; then this raises.
     - The generated class must keep its name: the check below raises rather than return TRL's
       class silently if a release stops rewriting TRL.

@@ -6,18 +6,30 @@ tests/test_budgets_libraries.py.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from budgets import BudgetError, Plan, compute, get_card, largest, load_shape, suggest_vllm_util
+from budgets import (
+    BudgetError,
+    Plan,
+    compute,
+    custom_card,
+    get_card,
+    largest,
+    load_shape,
+    suggest_vllm_util,
+)
 from budgets.cli import main
+from budgets.plan import PLAN_FIELDS
 from budgets.vllm_rules import unsloth_standby_util
-from grpolab.settings import lab_settings
+from grpolab.settings import add_flags, lab_settings, overrides_from
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "labs" / "grpo-first"
@@ -255,8 +267,6 @@ def test_a_new_group_size_keeps_the_prompts_per_step():
 
 def test_every_formula_prints_the_numbers_its_value_comes_from():
     """Numbers in a formula are the arithmetic's own: multiply the factors a product line prints."""
-    import re
-
     for plan in (lab_plan(), lab_plan("cpu"), Plan(model="qwen3-8b", gpu="h100-sxm", load_in_4bit=False)):
         for ln in compute(plan).lines:
             if ln.name in ("lora_params", "lora_grads", "generate_kv_cache") or (
@@ -316,7 +326,14 @@ def test_too_big_names_the_line_and_what_to_change():
     assert not sheet.fits
     with pytest.raises(BudgetError) as err:
         sheet.require_fits()
-    assert "\n" not in str(err.value) and str(err.value).split(":")[0] in {ln.name for ln in sheet.lines}
+    msg = str(err.value)
+    assert "\n" not in msg and msg.split(":")[0] in {ln.name for ln in sheet.lines}
+    # What to change: flags of real settings, and never a "set" to the value the plan already has.
+    named = re.findall(r"--([a-z0-9-]+)", msg)
+    assert named, msg
+    assert {n.replace("-", "_") for n in named} <= set(PLAN_FIELDS), msg
+    for setting, value in re.findall(r"set --([a-z0-9-]+) (\S+)", msg):
+        assert str(sheet.inputs[setting.replace("-", "_")]).lower() != value.lower(), msg
 
 
 # --- bad inputs -----------------------------------------------------------------------------------
@@ -416,16 +433,46 @@ def test_cli_json_schema_for_the_lab():
     assert data == json.loads(json.dumps(compute(lab_plan()).to_dict()))
 
 
-def test_the_cli_takes_the_labs_own_flags_and_the_lab_settings_names():
+def test_the_cli_takes_the_labs_own_flags_and_the_lab_settings_names(capsys):
     """One vocabulary: what `--lab X --num-generations 4` prints is the plan the lab would run."""
-    assert main(["--lab", "labs/grpo-first", "--num-generations", "4", "--json"]) == 0
+    flags = ["--num-generations", "4", "--max-completion-length", "512"]
+    # The plan the lab would run: the same flags through the lab's own parser (grpolab.settings).
+    lab_cli = argparse.ArgumentParser()
+    add_flags(lab_cli)
+    runs = lab_settings(LAB, "gpu", overrides_from(lab_cli.parse_args(flags))).plan()
+    assert main(["--lab", str(LAB), *flags, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(json.dumps(compute(runs).to_dict()))
+    # The flags took (lab.toml's gpu profile says 8, 8 and 768); the batch follows the group.
+    inputs = printed["inputs"]
+    assert (inputs["num_generations"], inputs["per_device_train_batch_size"]) == (4, 4)
+    assert inputs["max_completion_length"] == 512
 
 
 def test_cli_table_and_flags(capsys):
     argv = ["--model", "Qwen3-8B", "--gpu-memory-gb", "24", "--gpu-bandwidth-gbs", "1008"]
     argv += ["--num-generations", "4", "--per-device-train-batch-size", "4", "--optim", "adamw_torch"]
+    assert main([*argv, "--beta", "0", "--json"]) == 0
+    inputs = json.loads(capsys.readouterr().out)["inputs"]
+    assert (inputs["gpu_memory_bytes"], inputs["gpu_bandwidth_bytes_per_s"]) == (24 * 10**9, 1008e9)
+    assert (inputs["model"], inputs["num_generations"], inputs["per_device_train_batch_size"]) == (
+        "Qwen3-8B",
+        4,
+        4,
+    )
+    assert (inputs["optim"], inputs["beta"]) == ("adamw_torch", 0.0)
+    # The table is the sheet of the plan the flags spell, printed whole.
     assert main([*argv, "--beta", "0"]) == 0
     out = capsys.readouterr().out
+    plan = Plan(
+        model="Qwen3-8B",
+        gpu=custom_card(24, 1008),
+        num_generations=4,
+        per_device_train_batch_size=4,
+        optim="adamw_torch",
+        beta=0.0,
+    )
+    assert out == compute(plan).table() + "\n"
     assert "Qwen3-8B" in out and "verdict:" in out
     assert main(["--lab", "labs/grpo-first", "--profile", "cpu", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["inputs"]["gpu"] == "cpu"
@@ -549,6 +596,8 @@ def test_colocate_holds_a_second_copy_and_reference_copy_for_full():
         )
     )
     assert lora.line("vllm_weights") is not None and lora.per_card[0].count == 2
+    # A second copy: vLLM's weights beside the trainer's bf16 base, byte for byte.
+    assert lora.line("vllm_weights").bytes == lora.line("base_weights").bytes
     # LoRA under TRL: its frozen "ref" adapter, an fp32 copy of the trainable one.
     assert lora.line("reference_policy").bytes == lora.metrics["trainable_params"] * 4
     full = compute(
@@ -563,7 +612,9 @@ def test_colocate_holds_a_second_copy_and_reference_copy_for_full():
             beta=0.04,
         )
     )
-    assert full.line("reference_policy").bytes > load_shape("qwen3-1.7b").total_params() * 2
+    params = load_shape("qwen3-1.7b").total_params()
+    assert full.line("vllm_weights").bytes == params * 2  # vLLM's bf16 copy of the full model
+    assert full.line("reference_policy").bytes > params * 2  # a bf16 model copy, and its log-probs
 
 
 def test_roofline():

@@ -1,13 +1,17 @@
 """Countdown: an expression checked by walking its syntax tree, never run.
 
 Hostile expressions (code, powers, huge numbers, deep nesting, other numerals) pay nothing and run
-nothing; the rules (each given number exactly once, exact arithmetic, the target) hold; the parser
-agrees with an independent recursive-descent parser of the same grammar on a seeded fuzz.
+nothing; the rules (each given number exactly once, exact arithmetic, the target) hold; values are
+the hand-computed ones; every generated solution is accepted and its mutations (another number, a
+number used twice, one left out, another target) are not; on a seeded fuzz the parser agrees with an
+independent recursive-descent parser of the same grammar, and every value it computes is the one
+Python's own arithmetic on exact fractions gives.
 """
 
 from __future__ import annotations
 
 import random
+import re
 import sys
 from fractions import Fraction
 
@@ -24,6 +28,18 @@ from task.countdown import (
     parse_expression,
 )
 from task.rewards import MAX_DIGITS
+
+
+def _python_value(text: str) -> Fraction | None:
+    """What Python itself makes of an expression in the grammar, each integer literal a Fraction;
+    None for a division by zero. An oracle that shares no code with task/countdown.py (the text is
+    digits, operators, parentheses and blanks only, so nothing but arithmetic can run)."""
+    assert not text.strip(" \t0123456789+-*/()"), ascii(text)
+    source = re.sub(r"[0-9]+", lambda m: f"Fraction({int(m.group())})", text.strip())
+    try:
+        return eval(source, {"__builtins__": {}, "Fraction": Fraction})
+    except ZeroDivisionError:
+        return None
 
 
 def _rewards(expression: str, numbers: list[int], target: int) -> tuple[float, float]:
@@ -62,6 +78,44 @@ def test_rules(expression: str, numbers: list[int], target: int, correct: bool) 
     assert _rewards(expression, numbers, target) == (1.0 if correct else 0.0, 0.2)
 
 
+# Hand-computed values: precedence, left associativity, exact fractions, the magnitude bound (the
+# docstring's "numerator or denominator exceeds MAX_MAGNITUDE", on every intermediate value).
+@pytest.mark.parametrize(
+    ("expression", "value"),
+    [
+        ("2 + 3 * 4", 14),  # * before +: not 20
+        ("(2 + 3) * 4", 20),
+        ("10 - 3 - 2", 5),  # left to right: not 10 - (3 - 2) = 9
+        ("48 / 4 / 2", 6),  # left to right: not 48 / (4 / 2) = 24
+        ("2 * 3 - 4 / 8", Fraction(11, 2)),
+        ("7 / 2", Fraction(7, 2)),  # neither 3 (floor) nor 3.5 (float)
+        ("1 / 3 * 3", 1),
+        ("1 / 3 + 1 / 6", Fraction(1, 2)),
+        ("1 - 2", -1),  # a negative intermediate is allowed
+        ("0 / 5", 0),
+        ("(3 - 3) / 5", 0),
+        ("99 * 99 * 99 * 99", 96059601),
+        (str(MAX_MAGNITUDE), MAX_MAGNITUDE),  # the bound itself is allowed ...
+        (f"1 / {MAX_MAGNITUDE}", Fraction(1, MAX_MAGNITUDE)),
+        (str(MAX_MAGNITUDE + 1), None),  # ... one more is not, as a literal,
+        (f"{MAX_MAGNITUDE - 1} + 2", None),  # as a sum,
+        (f"1 / {MAX_MAGNITUDE + 1}", None),  # as a denominator,
+        ("100000 * 100000 / 100000", None),  # and on the way: 10^10 before the value 10^5
+        ("100000 / 100000 * 100000", 100000),
+        ("5 / 0", None),
+        ("5 / (3 - 3)", None),
+        ("0 / (1 - 1)", None),
+        ("1 + 2 / (4 - 2 * 2)", None),  # a zero divisor deep inside
+    ],
+)
+def test_known_values(expression: str, value: int | Fraction | None) -> None:
+    expr = parse_expression(expression)
+    assert expr is not None
+    assert evaluate(expr) == value
+    if value is not None:
+        assert isinstance(evaluate(expr), Fraction)
+
+
 def test_magnitude_is_bounded() -> None:
     big = int("9" * MAX_DIGITS)
     # Well formed, but its value is beyond MAX_MAGNITUDE: never correct, even if the target says so.
@@ -83,6 +137,31 @@ def test_generated_solutions_solve_their_problems() -> None:
         assert len(row["numbers"]) in countdown.COUNTS
         assert all(countdown.LOW <= n <= countdown.HIGH for n in row["numbers"])
         assert row["prompt"][1]["content"] == countdown.question(row["numbers"], row["target"])
+        assert _python_value(row["solution"]) == row["target"]
+
+
+def test_each_generated_solution_is_accepted_and_its_mutations_are_not() -> None:
+    """The checker accepts the solution the generator guarantees, with the numbers in any order, and
+    rejects it for another target, with a number that was not given, with a given number used twice,
+    and with a given number left out, whatever the mutated expression's value."""
+    rows = countdown.build_dataset(300, 5).to_list() + countdown.build_eval_dataset(100, 5).to_list()
+    reused = 0
+    for row in rows:
+        numbers, target, solution = row["numbers"], row["target"], row["solution"]
+        assert _rewards(solution, numbers, target) == (1.0, 0.2)
+        assert _rewards(solution, numbers[::-1], target) == (1.0, 0.2)
+        assert _rewards(solution, numbers, target + 1) == (0.0, 0.2)
+        assert _rewards(solution, [*numbers, 1], target) == (0.0, 0.2)  # one given number unused
+        assert _rewards(solution, numbers[1:], target) == (0.0, 0.2)  # a number that was not given
+        first = int(re.match(r"[(\s]*([0-9]+)", solution).group(1))
+        stranger = next(n for n in range(1, 200) if n not in numbers)
+        assert _rewards(re.sub(r"[0-9]+", str(stranger), solution, count=1), numbers, target) == (0.0, 0.2)
+        twice = next((n for n in numbers if n != first), None)
+        if twice is not None:  # the first number replaced by another given one: that one used twice
+            mutated = re.sub(r"[0-9]+", str(twice), solution, count=1)
+            assert _rewards(mutated, numbers, target) == (0.0, 0.2), (mutated, numbers, target)
+            reused += 1
+    assert reused > 0.9 * len(rows)
 
 
 # ---------------------------------------------------------------- hostile expressions
@@ -286,25 +365,6 @@ def _leaves(tree: object) -> list[int]:
     return [tree] if isinstance(tree, int) else _leaves(tree[1]) + _leaves(tree[2])  # type: ignore[index]
 
 
-def _value(tree: object) -> Fraction | None:
-    if isinstance(tree, int):
-        value = Fraction(tree)
-    else:
-        op, left, right = tree  # type: ignore[misc]
-        a, b = _value(left), _value(right)
-        if a is None or b is None or (op == "/" and b == 0):
-            return None
-        if op == "+":
-            value = a + b
-        elif op == "-":
-            value = a - b
-        elif op == "*":
-            value = a * b
-        else:
-            value = a / b
-    return None if max(abs(value.numerator), value.denominator) > MAX_MAGNITUDE else value
-
-
 def _random_expression(rng: random.Random, depth: int) -> str:
     """A random well-formed expression, with random spacing and redundant parentheses."""
     if depth == 0 or rng.random() < 0.3:
@@ -318,9 +378,13 @@ def _random_expression(rng: random.Random, depth: int) -> str:
     return f"({text})" if rng.random() < 0.1 else text
 
 
+def _beyond_bound(value: Fraction) -> bool:
+    return abs(value.numerator) > MAX_MAGNITUDE or value.denominator > MAX_MAGNITUDE
+
+
 def test_parser_agrees_with_a_reference_parser() -> None:
     rng = random.Random(20261129)
-    seen = {"parsed": 0, "rejected": 0}
+    seen = {"parsed": 0, "rejected": 0, "valued": 0, "by zero": 0, "no value": 0}
     for i in range(6000):
         if i % 2:
             text = "".join(rng.choice("0123456789+-*/() \t") for _ in range(rng.randint(0, 20)))
@@ -332,7 +396,20 @@ def test_parser_agrees_with_a_reference_parser() -> None:
         expected = _Reference.parse(text)
         got = parse_expression(text)
         assert got == expected, ascii(text)
-        if got is not None:
-            assert evaluate(got) == _value(got), ascii(text)
         seen["parsed" if got is not None else "rejected"] += 1
-    assert min(seen.values()) > 1000, seen
+        if got is None:
+            continue
+        # The value against Python's own: equal whenever evaluate gives one, and none on a division by
+        # zero or a final value past the bound. (An intermediate past the bound also gives none; this
+        # oracle cannot see intermediates, so test_known_values checks that case by hand.)
+        value, python = evaluate(got), _python_value(text)
+        if value is not None:
+            assert value == python, ascii(text)
+        if python is None or _beyond_bound(python):
+            assert value is None, ascii(text)
+        outcome = "valued" if value is not None else "by zero" if python is None else "no value"
+        seen[outcome] += 1
+    # Only worth something if every outcome is common: parsed and rejected texts, values, divisions
+    # by zero, values past the bound.
+    assert min(seen[k] for k in ("parsed", "rejected", "valued")) > 1000, seen
+    assert min(seen[k] for k in ("by zero", "no value")) > 50, seen
