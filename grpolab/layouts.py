@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from grpolab.settings import LabSettingsError
+from grpolab.errors import LabSettingsError
 
 
 @dataclass(frozen=True)

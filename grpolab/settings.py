@@ -26,14 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from budgets.vocabulary import add_setting, flag, flag_text
+from grpolab.errors import LabSettingsError
 from task.dataset import chatml_chars
 
 PROFILES = ("gpu", "cpu")
 RECIPE = Path(__file__).resolve().parent / "recipe.toml"
-
-
-class LabSettingsError(ValueError):
-    """Settings that cannot work; the message is one line with the fix."""
 
 
 def setting(**kwargs: Any) -> Any:

@@ -7,11 +7,10 @@ tests/test_budgets_libraries.py.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from budgets import (
 from budgets.cli import main
 from budgets.plan import PLAN_FIELDS
 from budgets.vllm_rules import unsloth_standby_util
+from budgets.vocabulary import flag, flag_text
 from grpolab.settings import add_flags, lab_settings, overrides_from
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -386,8 +386,7 @@ def test_bad_inputs_name_the_input(changes, name):
         ["--gpu-memory-utilization", "1.5"],
         ["--gpu-memory-gb", "16"],
         ["--layout", "torus"],
-        ["--lab", "labs/nope"],
-        ["--lab", "labs/grpo-first", "--num-generations", "0"],
+        ["--lab", "labs/grpo-first"],  # gone: a chapter's sheet is its own train.py --budget-only
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2(argv, capsys):
@@ -395,8 +394,22 @@ def test_cli_bad_input_is_one_line_exit_2(argv, capsys):
         raise SystemExit(main(argv))
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("budgets: ") or err.startswith("python -m budgets: ")
+    assert err.startswith(("budgets: ", "error: "))
     assert "\n" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--num-generations", "0"], "num_generations: 0 leaves nothing to compare"),
+        (["--gpu", "gtx-1080"], "gtx-1080"),
+        (["--model", "/no/model"], "no model at '/no/model'"),
+    ],
+)
+def test_a_chapters_budget_refuses_bad_settings_in_one_line(argv, words, lab_module, capsys):
+    assert lab_module.main(["--budget-only", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and words in err and "\n" not in err
 
 
 # --- CLI -------------------------------------------------------------------------------------------
@@ -419,34 +432,39 @@ SCHEMA = {
 }
 
 
-def test_cli_json_schema_for_the_lab():
-    out = subprocess.run(
-        [sys.executable, "-m", "budgets", "--lab", "labs/grpo-first", "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    data = json.loads(out)
+def test_cli_json_schema_for_the_lab(lab_module, capsys):
+    assert lab_module.main(["--budget-only", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
     assert set(data) >= SCHEMA
     assert all({"name", "bytes", "formula", "estimate"} <= set(ln) for ln in data["lines"])
     assert data == json.loads(json.dumps(compute(lab_plan()).to_dict()))
 
 
-def test_the_cli_takes_the_labs_own_flags_and_the_lab_settings_names(capsys):
-    """One vocabulary: what `--lab X --num-generations 4` prints is the plan the lab would run."""
+def test_the_labs_budget_takes_its_own_flags_and_the_lab_settings_names(lab_module, capsys):
+    """One vocabulary: what `train.py --budget-only --num-generations 4` prints is the plan the lab would run,
+    and the budget CLI's flags under the same names print the same sheet."""
     flags = ["--num-generations", "4", "--max-completion-length", "512"]
     # The plan the lab would run: the same flags through the lab's own parser (grpolab.settings).
     lab_cli = argparse.ArgumentParser()
     add_flags(lab_cli)
     runs = lab_settings(LAB, "gpu", overrides_from(lab_cli.parse_args(flags))).plan()
-    assert main(["--lab", str(LAB), *flags, "--json"]) == 0
+    assert lab_module.main(["--budget-only", *flags, "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads(json.dumps(compute(runs).to_dict()))
     # The flags took (lab.toml's gpu profile says 8, 8 and 768); the batch follows the group.
     inputs = printed["inputs"]
     assert (inputs["num_generations"], inputs["per_device_train_batch_size"]) == (4, 4)
     assert inputs["max_completion_length"] == 512
+    # The budget CLI, given the plan's settings as flags of the same names, prints the same sheet.
+    default = Plan()
+    cli = [
+        word
+        for field in dataclasses.fields(Plan)
+        if getattr(runs, field.name) != getattr(default, field.name)
+        for word in (flag(field.name), flag_text(getattr(runs, field.name)))
+    ]
+    assert main([*cli, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == printed
 
 
 def test_cli_table_and_flags(capsys):
@@ -474,11 +492,12 @@ def test_cli_table_and_flags(capsys):
     )
     assert out == compute(plan).table() + "\n"
     assert "Qwen3-8B" in out and "verdict:" in out
-    assert main(["--lab", "labs/grpo-first", "--profile", "cpu", "--json"]) == 0
+    cpu = ["--gpu", "cpu", "--model", "tiny-qwen3", "--max-prompt-length", "150", "--max-seq-length", "256"]
+    assert main([*cpu, "--max-completion-length", "32", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["inputs"]["gpu"] == "cpu"
-    assert main(["--lab", "labs/grpo-first", "--trainable-dtype-bytes", "2", "--json"]) == 0
+    assert main(["--trainable-dtype-bytes", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["inputs"]["trainable_dtype_bytes"] == 2
-    assert main(["--lab", "labs/grpo-first", "--num-generations", "4", "--json"]) == 0
+    assert main(["--num-generations", "4", "--json"]) == 0  # Plan's default batch of 8 is one group of 8
     inputs = json.loads(capsys.readouterr().out)["inputs"]
     assert (inputs["num_generations"], inputs["per_device_train_batch_size"]) == (4, 4)
 

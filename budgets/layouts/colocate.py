@@ -13,7 +13,7 @@ from ..sheet import CardSheet
 from ..trainer import overhead_lines, trainer_lines
 from ..units import gib
 from ..vllm_rules import vllm_requested_bytes
-from . import Assembly, Decode, fsdp_shards
+from .common import Assembly, Decode, fsdp_shards
 
 # TRL's colocate engine: max_num_batched_tokens 4096, max_num_seqs = the local generation batch.
 TRL_BATCHED_TOKENS = 4096

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..plan import Resolved
 from ..sheet import CardSheet
 from ..trainer import generate_kv_line, overhead_lines, trainer_lines
-from . import Assembly, Decode, fsdp_shards
+from .common import Assembly, Decode, fsdp_shards
 
 
 def build(r: Resolved) -> Assembly:

@@ -11,7 +11,7 @@ from ..sheet import CardSheet
 from ..trainer import overhead_lines, trainer_lines
 from ..units import gib
 from ..vllm_rules import vllm_requested_bytes
-from . import Assembly, Decode, fsdp_shards
+from .common import Assembly, Decode, fsdp_shards
 
 # vLLM's own defaults for a server: max_num_batched_tokens 8192, max_num_seqs 256.
 SERVER_LIMITS = (8192, 256)

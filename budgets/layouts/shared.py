@@ -19,7 +19,7 @@ from ..sheet import CardSheet
 from ..trainer import overhead_lines, trainer_lines
 from ..units import GIB, gib
 from ..vllm_rules import unsloth_approximate, unsloth_engine_limits, unsloth_standby_util, unsloth_vllm_share
-from . import Assembly, Decode, fsdp_shards, trainable_params
+from .common import Assembly, Decode, fsdp_shards, trainable_params
 
 
 def build(r: Resolved) -> Assembly:
