@@ -1,15 +1,19 @@
 """The machinery the labs share, one module per job.
 
-settings (lab.toml, flags, checks), device (which GPU, read through NVML before CUDA is up),
-cuda_env (the standby switch and Unsloth's allocator configuration, before CUDA starts), policy
-(loading through Unsloth), unsloth_trainer (Unsloth's generated GRPO trainer on both profiles),
-precision (bf16 / fp16 / fp32 as the model loaded), tiny_model (the CPU stand-in), rehearsal (the
-model's shape with random weights), probe (the memory sampler and phases), tensors (measuring the
-exact lines), vllm_ledger (vLLM's own start-up figures), meter (what a run measures while it
-trains), comparison (budget vs measured, table, chart), oom (recognising and diagnosing
-out-of-memory), endings (how a run ends), store (the MLflow store checked first), tracking (MLflow),
-evaluate (held-out accuracy), doctor (what held learning back), session (the chapter harness:
-`run_lab`), sweep (a grid of runs, chapter 2), atomic (saving whole or not at all).
+The run, in order: flags (the flags every chapter has), settings (the book's recipe.toml, then a
+chapter's lab.toml, then the command line; one validator), layouts (how a chapter's generation and
+training share the cards), prepare (device, card, sheet and prompts before anything loads), cuda_env
+(the standby switch and Unsloth's allocator, before CUDA starts), session (`run_lab`: the MLflow run
+around the lesson), run (the lesson's `Run`). Beside it: device (which GPU, read through NVML),
+policy (loading through Unsloth), unsloth_trainer (Unsloth's generated GRPO trainer on both
+profiles), precision (bf16 / fp16 / fp32 as the model loaded), tiny_model (the CPU stand-in),
+rehearsal (the model's shape with random weights), probe (the memory sampler and phases), tensors
+(measuring the exact lines), vllm_ledger (vLLM's own start-up figures), meter (what a run measures
+while it trains), comparison (budget vs measured, table, chart), oom (recognising and logging
+out-of-memory), endings (how a run ended: decided here, written by tracking), store (the MLflow store
+checked first), tracking (MLflow), evaluate (held-out accuracy), doctor (what held learning back),
+sweep (a grid of runs, chapter 2), atomic (saving whole or not at all), paths and errors (one home
+each).
 
 `import grpolab` stays light: `Run` and `run_lab` are imported on first use.
 """

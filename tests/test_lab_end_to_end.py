@@ -228,3 +228,25 @@ def test_a_saved_adapter_is_evaluated_alone(cpu_lab_run, tmp_path):
     assert run.data.metrics["eval/adapter_format_rate"] == pytest.approx(trained["eval/adapter_format_rate"])
     assert run.data.metrics["eval/base_accuracy"] == pytest.approx(trained["eval/base_accuracy"])
     assert not (tmp_path / "outputs").exists(), "evaluating trains and saves nothing"
+
+
+def test_the_run_keeps_every_key_it_had_before_the_chapter_redesign(cpu_lab_run):
+    """The chapter-folder redesign (the recipe, the split harness) changed where things live, not what a run
+    records: the README run's params, metrics, tags and artifacts have the keys they had before it
+    (tests/data/readme_run_keys.json, read from the README run of 2026-12-01 on the commit before)."""
+    before = json.loads((REPO_ROOT / "tests" / "data" / "readme_run_keys.json").read_text())
+    run, client = cpu_lab_run["run"], cpu_lab_run["client"]
+
+    def artifacts(path=None):
+        found = []
+        for f in client.list_artifacts(run.info.run_id, path):
+            found += artifacts(f.path) if f.is_dir else [f.path]
+        return found
+
+    def stable(tags):  # git's tags depend on the checkout, not on the run
+        return sorted(t for t in tags if not t.startswith("mlflow.source.git."))
+
+    assert sorted(run.data.params) == before["params"]
+    assert sorted(run.data.metrics) == before["metrics"]
+    assert stable(run.data.tags) == stable(before["tags"])
+    assert sorted(artifacts()) == before["artifacts"]

@@ -170,7 +170,13 @@ def test_unsloth_is_imported_before_trl(lab):
             order.append((node.lineno, "load_policy"))
     order.sort()
     names = [name for _, name in order]
-    assert "load_policy" in names and names.index("load_policy") < names.index("trl"), names
+    delegates = [
+        node
+        for node in ast.walk(train)
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "train"
+    ]
+    if not ("load_policy" not in names and delegates):  # else another chapter's lesson runs (chapter 2's)
+        assert "load_policy" in names and names.index("load_policy") < names.index("trl"), names
     top = {n.module for n in tree.body if isinstance(n, ast.ImportFrom)} | {
         a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names
     }

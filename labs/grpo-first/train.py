@@ -17,15 +17,18 @@ the advantage-weighted log-likelihood of each completion. Dr. GRPO's constant de
 wrong answers from being penalised less than short ones.
 
 What this lab simplifies: one prompt per step (a group of 8), LoRA on a 4-bit base, a toy task whose
-answer is checked exactly, no held-out set yet. Before anything loads it prints its VRAM budget and
-refuses a plan that does not fit; while it trains it measures what the card holds and logs both to
-MLflow. Without a CUDA GPU the same loop runs on a tiny random Qwen3 on the CPU, and says so.
+answer is checked exactly. It trains the book's recipe as it is (grpolab/recipe.toml; its lab.toml
+changes nothing). Before anything loads it prints its VRAM budget and refuses a plan that does not
+fit; while it trains it measures what the card holds and logs both to MLflow; before and after, it
+scores the held-out prompts, and the run doctor says what held learning back. Without a CUDA GPU the
+same loop runs on a tiny Qwen3 on the CPU (random weights, briefly warm-started), and says so.
 
 Usage:
     uv run python labs/grpo-first/train.py                    # GPU if there is one, else the CPU stand-in
     uv run python labs/grpo-first/train.py --profile gpu      # insist on the real run
     uv run python labs/grpo-first/train.py --max-steps 20 --num-generations 4 --learning-rate 1e-5
-    uv run python labs/grpo-first/train.py --help             # every setting of lab.toml is a flag
+    uv run python labs/grpo-first/train.py --help             # every setting of the recipe is a flag
+    uv run python labs/grpo-first/train.py --budget-only      # the VRAM sheet alone: nothing loads
     uv run mlflow ui --backend-store-uri sqlite:///mlflow.db  # then open the link the lab prints
 """
 
@@ -85,9 +88,8 @@ def grpo_config(s: LabSettings, output_dir: Path, precision: dict[str, bool]):
     )
 
 
-def train(run: grpolab.Run) -> None:
-    """The lesson: load the policy, build the trainer, train."""
-    s = run.settings
+def train(run: grpolab.Run, config=grpo_config) -> None:
+    """The lesson: load the policy, build the trainer, train. (A later chapter passes its own config.)"""
     model, tokenizer = run.load_policy()  # Unsloth first: on a GPU it swaps in its own GRPOTrainer
     from trl import GRPOTrainer
 
@@ -95,7 +97,7 @@ def train(run: grpolab.Run) -> None:
         model=model,
         processing_class=tokenizer,
         reward_funcs=list(run.task.reward_funcs),
-        args=grpo_config(s, run.output_dir, run.precision(model)),
+        args=config(run.settings, run.output_dir, run.precision(model)),
         train_dataset=run.train_dataset,
     )
     run.train(trainer)

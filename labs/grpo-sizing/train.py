@@ -95,18 +95,8 @@ def grpo_config(s: LabSettings, output_dir: Path, precision: dict[str, bool]):
 
 
 def train(run: grpolab.Run) -> None:
-    """One cell: chapter 1's trainer call, for a few steps."""
-    model, tokenizer = run.load_policy()  # Unsloth first: on a GPU it swaps in its own GRPOTrainer
-    from trl import GRPOTrainer
-
-    trainer = GRPOTrainer(
-        model=model,
-        processing_class=tokenizer,
-        reward_funcs=list(run.task.reward_funcs),
-        args=grpo_config(run.settings, run.output_dir, run.precision(model)),
-        train_dataset=run.train_dataset,
-    )
-    run.train(trainer)
+    """One cell: chapter 1's lesson (its policy, rewards and trainer call) with this chapter's config."""
+    FIRST.train(run, grpo_config)
 
 
 def main(argv: list[str] | None = None) -> int:
