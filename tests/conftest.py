@@ -288,7 +288,6 @@ def only_run(client, lab: Lab):
 
 
 # --- chapter 2: the CPU sweep, run once as the README runs it ---------------------------------------
-README_SWEEP = ["uv", "run", "python", "labs/grpo-sizing/train.py"]
 README_SWEEP_REFUSED = ["uv", "run", "python", "labs/grpo-sizing/train.py", "--run-refused"]
 
 

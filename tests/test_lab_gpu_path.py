@@ -42,12 +42,25 @@ SAME_NAME = (
 )
 
 
+def without_unsloths_cpu_rewrite(monkeypatch) -> None:
+    """Once Unsloth is imported in a process without a GPU, its CPU backend rewrites every training config
+    for the CPU (8-bit optimizers become fused AdamW, fp16 becomes bf16, use_cpu is forced): a GPU run's
+    config is built without that rewrite, as a GPU machine builds it."""
+    from trl import GRPOConfig
+
+    for cls in GRPOConfig.__mro__:
+        post_init = cls.__dict__.get("__post_init__")
+        if getattr(post_init, "_unsloth_cpu", False):
+            monkeypatch.setattr(cls, "__post_init__", post_init.__wrapped__)
+
+
 @pytest.mark.parametrize("lab", TRAINER_LABS, ids=lambda p: p.name)
 def test_the_grpo_config_of_the_real_run_carries_every_setting(lab, tmp_path, monkeypatch):
     import transformers.training_args as training_args
 
     # Stand-in for the absent hardware only: TrainingArguments asks whether a GPU does bf16.
     monkeypatch.setattr(training_args, "is_torch_bf16_gpu_available", lambda: True)
+    without_unsloths_cpu_rewrite(monkeypatch)
     s = lab_settings(lab, "gpu")
     config = load_lab_module(lab).grpo_config(s, tmp_path, {"bf16": True, "fp16": False, "use_cpu": False})
     for name in SAME_NAME:
@@ -69,6 +82,7 @@ def test_a_t4_gets_fp16_instead_of_bf16(lab_module, tmp_path, monkeypatch):
     monkeypatch.setattr(
         training_args, "is_torch_fp16_available_on_device", lambda device: True, raising=False
     )
+    without_unsloths_cpu_rewrite(monkeypatch)
     try:
         config = lab_module.grpo_config(
             lab_settings(LAB_DIR, "gpu"), tmp_path, {"bf16": False, "fp16": True, "use_cpu": False}

@@ -5,6 +5,7 @@ A command added to the README without a way to exercise it fails this test.
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 import shutil
@@ -32,7 +33,7 @@ RUN_ELSEWHERE = {
     # then the refused cell run anyway).
     "uv run python labs/grpo-sizing/train.py": (
         "tests/conftest.py",
-        'README_SWEEP = ["uv", "run", "python", "labs/grpo-sizing/train.py"]',
+        'README_SWEEP_REFUSED = ["uv", "run", "python", "labs/grpo-sizing/train.py", "--run-refused"]',
     ),
     "uv run python labs/grpo-sizing/train.py --run-refused": (
         "tests/conftest.py",
@@ -124,10 +125,68 @@ def test_every_readme_command_is_accounted_for():
     )
 
 
+def enclosing_function(source: str, marker: str) -> ast.FunctionDef | None:
+    """The innermost function whose source holds `marker`, or None (module level)."""
+    line = source[: source.index(marker)].count("\n") + 1
+    holding = [
+        node
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef) and node.lineno <= line <= node.end_lineno
+    ]
+    return max(holding, key=lambda node: node.lineno, default=None)
+
+
+def unconditionally_skipped(function: ast.FunctionDef) -> bool:
+    """Decorated @pytest.mark.skip (not skipif): it never runs, whatever the machine."""
+    return any(
+        ast.unparse(d.func if isinstance(d, ast.Call) else d) == "pytest.mark.skip"
+        for d in function.decorator_list
+    )
+
+
 @pytest.mark.parametrize("command", sorted(RUN_ELSEWHERE))
 def test_commands_run_elsewhere_really_are(command):
+    """The command's text is in the file, inside a test or fixture that is not skipped on every machine
+    (CI's script runs whole: no function to find there)."""
     path, marker = RUN_ELSEWHERE[command]
-    assert marker in (REPO_ROOT / path).read_text(), f"{path} no longer runs `{command}`"
+    source = (REPO_ROOT / path).read_text()
+    assert marker in source, f"{path} no longer runs `{command}`"
+    if path.endswith(".py"):
+        function = enclosing_function(source, marker)
+        users = [function] if function is not None else functions_using(source, marker)
+        assert users, f"{path}: `{marker}` is used by no test or fixture"
+        assert not all(unconditionally_skipped(f) for f in users), (
+            f"{path}: `{marker}` is only where nothing runs"
+        )
+
+
+def functions_using(source: str, marker: str) -> list[ast.FunctionDef]:
+    """A module-level command (`NAME = [...]`): the functions that read NAME."""
+    line = source[: source.index(marker)].count("\n") + 1
+    tree = ast.parse(source)
+    names = {
+        target.id
+        for node in tree.body
+        if isinstance(node, ast.Assign) and node.lineno <= line <= node.end_lineno
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef)
+        and any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node))
+    ]
+
+
+def test_the_marker_check_sees_a_test_that_never_runs():
+    source = 'import pytest\n\n@pytest.mark.skip(reason="later")\ndef test_x():\n    run(["a", "b"])\n'
+    function = enclosing_function(source, '["a", "b"]')
+    assert function.name == "test_x" and unconditionally_skipped(function)
+    assert enclosing_function("X = 1\n", "X = 1") is None
+    module = 'import pytest\nCMD = ["a"]\n\n@pytest.mark.skip\ndef test_y():\n    run(CMD)\n'
+    assert [f.name for f in functions_using(module, 'CMD = ["a"]')] == ["test_y"]
+    assert unconditionally_skipped(functions_using(module, 'CMD = ["a"]')[0])
 
 
 @pytest.mark.parametrize("command", sorted(BUDGET_COMMANDS))
