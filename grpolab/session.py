@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from budgets import BudgetError
+from grpolab import run_result
 from grpolab.settings import (
     FLAGS,
     LabSettings,
@@ -535,6 +536,7 @@ def _log_measurement(run: Run, status: str, doctor: str = "") -> None:
         ledger = meter.vllm_ledger()
         extra |= ledger.metrics() if ledger is not None else {}
     tracking.log_comparison(c, figure, extra, MEMORY_LABELS, note)
+    run_result.write(run, status, c)
 
 
 def _log_out_of_memory(run: Run, error: BaseException) -> str:
@@ -571,4 +573,5 @@ def _log_out_of_memory(run: Run, error: BaseException) -> str:
         path = Path(tempfile.mkdtemp(prefix="memory-")) / "cuda_memory_snapshot.pickle"
         torch.cuda.memory._dump_snapshot(str(path))
         mlflow.log_artifact(str(path), artifact_path="memory")
+    run_result.write(run, "FAILED", c, oom={"phase": phase, "line": line, "peak_gib": peak_gib})
     return f"out of memory during {phase} at {peak_gib:.2f} GiB (budget line most exceeded: {line}): {advice}"
