@@ -9,7 +9,9 @@ exact lines), vllm_ledger (vLLM's own start-up figures), meter (what a run measu
 trains), comparison (budget vs measured, table, chart), oom (recognising and diagnosing
 out-of-memory), endings (how a run ends), store (the MLflow store checked first), tracking (MLflow),
 evaluate (held-out accuracy), doctor (what held learning back), session (the chapter harness:
-`run_lab`), sweep (a grid of runs, chapter 2), atomic (saving whole or not at all).
+`run_lab`), run_result (a run's result file, for the process that started it), sweep (a grid of
+runs, chapter 2: a package, one module per job), chapters (another chapter's train.py as a module),
+atomic (saving whole or not at all).
 
 `import grpolab` stays light: `Run` and `run_lab` are imported on first use.
 """
