@@ -99,6 +99,10 @@ class Meter(TrainerCallback):
             "perf/generation_vs_estimate": seconds / max(m["generation_seconds_estimate"], 1e-9),
         }
 
+    def generation_seconds(self) -> list[float]:
+        """Each generation's wall time, in order: one per step, as perf/generation_seconds logs them."""
+        return [seconds for _, seconds in self._decode]
+
     def vllm_ledger(self) -> vllm_ledger.Ledger | None:
         """What the in-process vLLM engine reported at start-up (GPU), or None without one."""
         engine = vllm_engine(self.trainer.model) if self.trainer is not None else None

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from budgets import BudgetError
+from grpolab import run_result
 from grpolab.endings import EXIT_BAD_INPUT, EXIT_OUT_OF_MEMORY
 from grpolab.flags import parser
 from grpolab.oom import OutOfMemory
@@ -243,3 +244,4 @@ def _log_measurement(run: Run, status: str, doctor: str = "") -> None:
         ledger = meter.vllm_ledger()
         extra |= ledger.metrics() if ledger is not None else {}
     tracking.log_comparison(c, figure, extra, MEMORY_LABELS, note)
+    run_result.write(run, status, c)

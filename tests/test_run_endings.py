@@ -35,7 +35,8 @@ import pytest
 import torch
 from conftest import HAS_CUDA, LAB_DIR, REPO_ROOT, SIGNALLED, STEPS_BEFORE_SIGNAL, only_run
 
-from grpolab import endings, tracking
+from budgets.units import GIB
+from grpolab import endings, run_result, tracking
 from grpolab.atomic import save_pretrained_atomically
 
 RECONCILE_COMMAND = ["uv", "run", "python", "-m", "grpolab", "runs", "--reconcile"]  # the README's
@@ -421,6 +422,7 @@ def test_the_harness_reconciles_at_start_and_describes_how_its_run_ended(store, 
     assert failed.data.tags["mlflow.note.content"] == (
         "Failed before training started: ValueError: a reward function crashed."
     )
+    assert run_result.read(run.output_dir / run_result.NAME) is None  # it died before measuring itself
     with pytest.raises(endings.Interrupted), session(*inputs, None) as run:
         os.kill(os.getpid(), signal.SIGHUP)
         time.sleep(5)
@@ -431,6 +433,34 @@ def test_the_harness_reconciles_at_start_and_describes_how_its_run_ended(store, 
     assert (stopped.info.status, stopped.data.tags["ending"]) == ("KILLED", "SIGHUP")
     note = stopped.data.tags["mlflow.note.content"]
     assert note.startswith("Stopped by SIGHUP") and "(run ended KILLED: figures so far)" in note
+    # What it measured, for the process that started it (a sweep): the run, its ending, its figures.
+    result = run_result.read(run.output_dir / run_result.NAME)
+    assert (result["run_id"], result["status"], result["ending"]) == (stopped.info.run_id, "KILLED", "SIGHUP")
+    assert result["total"]["measured_bytes"] / GIB == pytest.approx(stopped.data.metrics["total/measured"])
+    assert {name: line["budget_bytes"] / GIB for name, line in result["lines"].items()} == pytest.approx(
+        {name: stopped.data.metrics[f"{name}/budget"] for name in result["lines"]}
+    )
+    assert not [p.name for p in run.output_dir.iterdir() if p.name.startswith(".")]  # no staging file left
+
+
+def test_a_run_out_of_memory_leaves_its_result_for_the_process_that_started_it(store, tmp_path):
+    from grpolab.oom import OutOfMemory
+    from grpolab.session import session
+
+    with pytest.raises(OutOfMemory), session(*_session_inputs(tmp_path), None) as run:
+        raise MemoryError("the step's activations")
+    failed = store.get_run(run.mlflow_run.info.run_id)
+    result = run_result.read(run.output_dir / run_result.NAME)
+    assert (result["run_id"], result["status"], result["ending"]) == (
+        failed.info.run_id,
+        "FAILED",
+        "out of memory",
+    )
+    assert failed.info.status == "FAILED" and failed.data.tags["ending"] == "out of memory"
+    oom = result["oom"]
+    assert (oom["phase"], oom["line"]) == (failed.data.tags["oom_phase"], failed.data.tags["oom_line"])
+    assert oom["peak_bytes"] / GIB == pytest.approx(failed.data.metrics["oom/peak_gib"])
+    assert result["total"]["compared"] is False and result["total"]["rel_error"] is None  # not logged either
 
 
 def test_a_half_written_checkpoint_is_removed_and_the_previous_one_kept(store, tmp_path):

@@ -21,10 +21,11 @@ The sweep:
     3. The edge. The largest cell the sheet says fits runs; the first past it (its group doubled)
        is refused by the sheet, naming the line that does not fit, and is logged on the sweep's run.
        `--run-refused` runs it anyway, to record how it runs out of memory.
-    4. The grid, read back from MLflow onto the sweep's run: a table and a chart of budget vs
-       measured for every cell, vLLM's rollouts held in its KV cache (read from the engine) against
-       the sheet's count, generation time per step against the sheet's estimate, and the verdict: how
-       far the sheet was off, at worst and on average, and on which line.
+    4. The grid, read back from the result file each cell's run writes beside its adapter, onto
+       the sweep's run: a table and a chart of budget vs measured for every cell, vLLM's rollouts
+       held in its KV cache (read from the engine) against the sheet's count, generation time per
+       step against the sheet's estimate, and the verdict: how far the sheet was off, at worst and on
+       average, and on which line.
 
 What a cell changes from chapter 1: every completion runs to max_completion_length (the end of
 sequence is held off until then: vLLM's min_tokens, transformers' min_new_tokens). The sheet budgets
