@@ -108,5 +108,7 @@ def log_out_of_memory(run, error: BaseException, flags: Collection[str]) -> str:
         path = Path(tempfile.mkdtemp(prefix="memory-")) / "cuda_memory_snapshot.pickle"
         torch.cuda.memory._dump_snapshot(str(path))
         mlflow.log_artifact(str(path), artifact_path="memory")
-    run_result.write(run, "FAILED", c, oom={"phase": phase, "line": line, "peak_gib": peak_gib})
+    run_result.write(
+        run, "FAILED", c, oom={"phase": phase, "line": line, "peak_gib": peak_gib}, ending="out of memory"
+    )
     return f"out of memory during {phase} at {peak_gib:.2f} GiB (budget line most exceeded: {line}): {advice}"

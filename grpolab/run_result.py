@@ -28,33 +28,26 @@ NAME = "result.json"
 VERSION = 1
 
 
-def write(run, status: str, comparison, oom: dict[str, Any] | None = None) -> Path | None:
-    """`run.output_dir/result.json` for a lab run (grpolab.session.Run) ending with `status`, its
-    measurement `comparison` and, after an out-of-memory, `oom` (phase, line, peak_gib). Returns the
-    path, or None when it could not be written (a warning on stderr)."""
+def write(run, status: str, comparison, oom: dict[str, Any] | None = None, ending: str = "") -> Path | None:
+    """`run.output_dir/result.json` for a lab run (grpolab.run.Run) ending with `status` (its tag
+    `ending` as grpolab.endings named it), its measurement `comparison` and, after an out-of-memory,
+    `oom` (phase, line, peak_gib). Returns the path, or None when it could not be written (a warning
+    on stderr)."""
     path = Path(run.output_dir) / NAME
     try:
-        _write_atomically(path, result_of(run, status, comparison, oom))
+        _write_atomically(path, result_of(run, status, comparison, oom, ending))
     except OSError as err:
         print(f"warning: could not write the run's result file {path}: {err}", file=sys.stderr)
         return None
     return path
 
 
-def result_of(run, status: str, c, oom: dict[str, Any] | None = None) -> dict[str, Any]:
+def result_of(run, status: str, c, oom: dict[str, Any] | None = None, ending: str = "") -> dict[str, Any]:
     """The result as a dict. A run that ran out of memory logged its peak and what each line had
     reached, not a comparison: its relative errors are None, as they are absent from its metrics."""
-    from grpolab import endings
-
     sheet, meter = run.sheet, run.meter
     compared = oom is None
-    # KILLED and FAILED are written from inside the harness's except clause: the exception being
-    # handled is the one lab_run will tag the run's ending with.
-    handling = sys.exception()
-    if status == "FINISHED":
-        ending = "finished"
-    else:
-        ending = endings.ending_of(handling) if handling is not None else status.lower()
+    ending = ending or ("finished" if status == "FINISHED" else status.lower())
     load = [p.process_bytes for p in meter.probe.phases if p.name == "load"]
     peak = c.total_measured if compared else round(oom["peak_gib"] * GIB)
     return {

@@ -149,7 +149,7 @@ def session(
                 ending, cause = endings.stopped(stop, run)
                 tracking.describe_ending(ending, cause)
                 _save_adapter(run)
-                _log_measurement(run, "KILLED", _doctor(run))
+                _log_measurement(run, "KILLED", _doctor(run), ending)
                 print(
                     f"\n{cause.removesuffix('.')}: run {mlflow_run.info.run_id} ends KILLED; the adapter so far is in "
                     f"{run.output_dir}"
@@ -226,7 +226,7 @@ def _doctor(run: Run) -> str:
     return doctor.verdict(findings, before, after, steps=len(doctor.step_rows(run.meter.history)))
 
 
-def _log_measurement(run: Run, status: str, doctor: str = "") -> None:
+def _log_measurement(run: Run, status: str, doctor: str = "", ending: str = "finished") -> None:
     from grpolab import comparison, tracking
     from grpolab.probe import MEMORY_LABELS
 
@@ -244,4 +244,4 @@ def _log_measurement(run: Run, status: str, doctor: str = "") -> None:
         ledger = meter.vllm_ledger()
         extra |= ledger.metrics() if ledger is not None else {}
     tracking.log_comparison(c, figure, extra, MEMORY_LABELS, note)
-    run_result.write(run, status, c)
+    run_result.write(run, status, c, ending=ending)
