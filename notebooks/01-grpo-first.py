@@ -48,9 +48,10 @@ else:
 # %% [markdown]
 # ## 1. The settings
 #
-# Everything the lab trains with lives in `labs/grpo-first/lab.toml`: shared values at the top, a
-# table per profile below. The names are TRL's and Unsloth's, and each is a flag of the lab
-# (`--num-generations 4`). A short run here: fewer steps than the script's default.
+# Everything the lab trains with is the book's recipe (`grpolab/recipe.toml`: shared values at the
+# top, a table per profile below), which chapter 1's `labs/grpo-first/lab.toml` trains as it is; a
+# later chapter's lab.toml states only what it changes. The names are TRL's and Unsloth's, and each
+# is a flag of the lab (`--num-generations 4`). A short run here: fewer steps than the script's default.
 
 # %%
 from grpolab.settings import check, lab_settings
