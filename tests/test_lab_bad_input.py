@@ -34,7 +34,7 @@ def test_refused_before_any_model_loads(args, words, tmp_path):
 
 def test_prompts_that_cannot_fit_are_refused_before_the_run(tmp_path):
     # 200 completion tokens leave 56 for prompts of ~150 characters: every prompt is dropped.
-    result = run_lab(["--profile", "cpu", "--max-completion-length", "200"], tmp_path, timeout=300)
+    result = run_lab(["--profile", "cpu", "--max-completion-length", "200"], tmp_path, timeout=600)
     assert_refused_cleanly(result, tmp_path, "every prompt is longer than")
 
 
