@@ -23,7 +23,10 @@ def fresh_import(monkeypatch):
     standby variable it would read."""
     events: list[str] = []
     monkeypatch.delitem(sys.modules, "unsloth", raising=False)
-    monkeypatch.delenv(cuda_env.STANDBY_ENV, raising=False)
+    # Recorded first, so that what configure() sets is undone after the test: a variable left behind
+    # would reach every process this one starts (a notebook's kernel) and the Unsloth it imports.
+    monkeypatch.setenv(cuda_env.STANDBY_ENV, "0")
+    monkeypatch.delenv(cuda_env.STANDBY_ENV)
     monkeypatch.setattr(
         cuda_env,
         "_import_unsloth",
@@ -139,3 +142,8 @@ def test_the_cuda_initialising_calls_are_real_torch_functions():
 
     real = [name for name in CUDA_INITIALISING if name != "init" or hasattr(torch.cuda, "init")]
     assert all(callable(getattr(torch.cuda, name, None)) for name in real)
+
+
+def test_no_test_leaves_the_standby_switch_behind():
+    """Every test above ran configure(); none may leave UNSLOTH_VLLM_STANDBY set for what runs after."""
+    assert cuda_env.STANDBY_ENV not in os.environ or os.environ[cuda_env.STANDBY_ENV] == "0"
