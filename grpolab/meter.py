@@ -29,6 +29,7 @@ class Meter(TrainerCallback):
         self.step_peaks: list[tuple[int, int]] = []
         self.history: list[dict[str, float]] = []  # every logged row, for the run doctor
         self._decode: list[tuple[int, float]] = []  # (completion tokens, seconds) per generation
+        self.step_generation_seconds: list[float] = []  # perf/generation_seconds, as logged at each step
         self.vllm_log: list[str] = []  # vLLM's start-up lines, captured while the policy loads (GPU)
 
     # --- attaching ------------------------------------------------------------------------------
@@ -70,7 +71,10 @@ class Meter(TrainerCallback):
                     metrics[f"memory/{phase}_torch_allocated_peak_gib"] = (
                         peaks[-1].torch_allocated_bytes / GIB
                     )
-        metrics.update(self.speed())
+        speed = self.speed()
+        if speed:
+            self.step_generation_seconds.append(speed["perf/generation_seconds"])
+        metrics.update(speed)
         mlflow.log_metrics(metrics, step=state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -98,10 +102,6 @@ class Meter(TrainerCallback):
             "perf/generation_seconds": seconds,
             "perf/generation_vs_estimate": seconds / max(m["generation_seconds_estimate"], 1e-9),
         }
-
-    def generation_seconds(self) -> list[float]:
-        """Each generation's wall time, in order: one per step, as perf/generation_seconds logs them."""
-        return [seconds for _, seconds in self._decode]
 
     def vllm_ledger(self) -> vllm_ledger.Ledger | None:
         """What the in-process vLLM engine reported at start-up (GPU), or None without one."""

@@ -2,10 +2,10 @@
 
 The harness writes it when a run has measured itself (FINISHED, KILLED) or ran out of memory
 (FAILED), in bytes, with the figures it logged to MLflow: every budget line's budget beside what was
-measured, the totals, each generation's seconds, and what the sheet said of vLLM's rollouts and of
-the generation time. A process that starts a lab run (a sweep's cell) reads this file instead of
-searching MLflow for the run and rebuilding it from metric names. A run that died before measuring
-(a crash, SIGKILL) has no file: its exit code says what happened.
+measured, the totals, each step's generation seconds, and what the sheet said of vLLM's rollouts
+and of the generation time. A process that starts a lab run (a sweep's cell) reads this file
+instead of searching MLflow for the run and rebuilding it from metric names. A run that died before
+measuring (a crash, SIGKILL) has no file: its exit code says what happened.
 
 The file appears whole or not at all (written beside, then renamed), and failing to write it never
 changes how the run ends: it is a copy, for a caller, of what MLflow holds.
@@ -74,7 +74,7 @@ def result_of(run, status: str, c, oom: dict[str, Any] | None = None, ending: st
             }
             for name, budget in c.budget.items()
         },
-        "generation_seconds": meter.generation_seconds(),
+        "generation_seconds": list(meter.step_generation_seconds),  # steps that ended, as MLflow has them
         "generation_seconds_estimate": sheet.metrics.get("generation_seconds_estimate"),
         **_rollouts(sheet, c.measured.get("kv_cache")),
         "oom": None if compared else {"phase": oom["phase"], "line": oom["line"], "peak_bytes": peak},

@@ -40,7 +40,7 @@ def fake_run(sheet, output_dir: Path, run_id: str = "run-1", seconds=(3.0, 1.0, 
     phases = [PhasePeak("load", load if load is not None else sheet.phases["start"])]
     return SimpleNamespace(
         sheet=sheet,
-        meter=SimpleNamespace(probe=SimpleNamespace(phases=phases), generation_seconds=lambda: list(seconds)),
+        meter=SimpleNamespace(probe=SimpleNamespace(phases=phases), step_generation_seconds=list(seconds)),
         mlflow_run=SimpleNamespace(info=SimpleNamespace(run_id=run_id, run_name=f"cpu-{run_id}")),
         adapter_dir=None,
         output_dir=output_dir,
@@ -98,6 +98,30 @@ def test_an_out_of_memory_result_has_its_peak_and_no_comparison(planned, tmp_pat
     assert f["rel_error"] is f["unattributed_gib"] is f["growth_after_load_gib"] is None
     assert f["lines"]["host_runtime"]["rel_error"] is None
     assert f["lines"]["host_runtime"]["diff_gib"] == pytest.approx(1 / 1024)
+
+
+def test_the_generation_seconds_are_those_of_the_steps_that_ended(planned, monkeypatch):
+    """As perf/generation_seconds has them: a generation whose step never ended (out of memory in
+    the training pass after it) is not a step's."""
+    import mlflow
+
+    from grpolab.device import Device
+    from grpolab.meter import Meter
+    from grpolab.probe import MemoryProbe
+
+    logged = []
+    monkeypatch.setattr(mlflow, "log_metrics", lambda metrics, step=None: logged.append(metrics))
+    trainer = SimpleNamespace(
+        _generate=lambda prompts: (None, [[1, 2, 3]] * len(prompts)),
+        compute_loss=lambda *args, **kwargs: 0.0,
+        add_callback=lambda callback: None,
+    )
+    meter = Meter(MemoryProbe(Device("cpu")), planned[1][0].sheet)
+    meter.attach(trainer)
+    trainer._generate(["a prompt", "another"])
+    meter.on_step_end(None, SimpleNamespace(global_step=1), None)
+    trainer._generate(["the next step's"])  # and its training pass runs out of memory
+    assert meter.step_generation_seconds == [logged[0]["perf/generation_seconds"]]
 
 
 def test_the_file_appears_whole_and_a_missing_one_reads_as_none(planned, tmp_path):
