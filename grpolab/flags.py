@@ -11,15 +11,20 @@ from grpolab.paths import OUTPUTS
 from grpolab.settings import add_flags
 
 
-def parser(description: str) -> argparse.ArgumentParser:
-    """The flags every chapter has: the profile, the run's options, and one flag per setting."""
-    ap = OneLineErrorParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_profile(ap: argparse.ArgumentParser, real: str, stand_in: str) -> None:
+    """--profile, as every chapter's command takes it: gpu (`real`), cpu (`stand_in`) or auto."""
     ap.add_argument(
         "--profile",
         choices=("auto", "gpu", "cpu"),
         default="auto",
-        help="gpu: the real run (fails at once without CUDA); cpu: the tiny stand-in; auto: gpu if present",
+        help=f"gpu: {real} (fails at once without CUDA); cpu: {stand_in}; auto: gpu if present",
     )
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    """The flags every chapter has: the profile, the run's options, and one flag per setting."""
+    ap = OneLineErrorParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_profile(ap, "the real run", "the tiny stand-in")
     run = ap.add_argument_group("the run")
     run.add_argument("--output-dir", type=Path, default=OUTPUTS, help="adapters and checkpoints")
     run.add_argument("--ignore-budget", action="store_true", help="start even when the budget says no")

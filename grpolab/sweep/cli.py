@@ -13,6 +13,7 @@ from pathlib import Path
 from budgets import BudgetError
 from budgets.vocabulary import OneLineErrorParser
 from grpolab.endings import EXIT_BAD_INPUT
+from grpolab.flags import add_profile
 from grpolab.paths import OUTPUTS
 from grpolab.settings import FLAGS, LabSettingsError, add_flags, overrides_from
 from grpolab.sweep.grid import CELL_SETTINGS, KNOBS, Grid, Planned, plan_sweep
@@ -34,12 +35,7 @@ def parser(description: str, grids: dict[str, Grid], cpu_cap_gib: float) -> argp
     """The sweep's flags: the profile, a grid per knob, the edge, the CPU host's cap, and every
     other setting of lab.toml, passed on to every cell."""
     ap = OneLineErrorParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument(
-        "--profile",
-        choices=("auto", "gpu", "cpu"),
-        default="auto",
-        help="gpu: the real grid (fails at once without CUDA); cpu: the tiny stand-in's grid; auto: gpu if present",
-    )
+    add_profile(ap, "the real grid", "the tiny stand-in's grid")
     sweep = ap.add_argument_group("the sweep")
     for knob in KNOBS:
         shown = {profile: ",".join(map(str, getattr(g, knob))) for profile, g in grids.items()}
