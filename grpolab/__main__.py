@@ -1,6 +1,8 @@
-"""`python -m grpolab runs`: the runs left RUNNING in the lab's MLflow store, and whose process lives.
+"""`python -m grpolab runs`: the runs left RUNNING in the lab's MLflow store, whose process lives, and
+the interrupted runs a lab can resume.
 
-    uv run python -m grpolab runs                # each RUNNING run: alive, dead, another host's, unknown
+    uv run python -m grpolab runs                # each RUNNING run: alive, dead, another host's, unknown;
+                                                 # each interrupted run with its last checkpoint
     uv run python -m grpolab runs --reconcile    # end KILLED those whose process died (SIGKILL, OOM killer)
 
 The store is `MLFLOW_TRACKING_URI`, else the repository's mlflow.db (the labs' store). A run is
@@ -28,7 +30,10 @@ STATES = {
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m grpolab", description=__doc__.split("\n\n")[0])
     commands = ap.add_subparsers(dest="command", required=True)
-    runs = commands.add_parser("runs", help="list the runs left RUNNING and whether their process lives")
+    runs = commands.add_parser(
+        "runs",
+        help="list the runs left RUNNING and whether their process lives, and the interrupted runs to resume",
+    )
     runs.add_argument(
         "--reconcile",
         action="store_true",
@@ -51,6 +56,7 @@ def runs(reconcile: bool) -> int:
         return 0
     client = tracking.client()
     found = endings.open_runs(client)
+    interrupted(client)
     if not found:
         print(f"No run left RUNNING in {uri}.")
         return 0
@@ -67,6 +73,33 @@ def runs(reconcile: bool) -> int:
             f"{len(dead)} run(s) whose process died: end them KILLED with `python -m grpolab runs --reconcile`"
         )
     return 0
+
+
+def interrupted(client) -> None:
+    """The runs that ended KILLED or FAILED and left a whole checkpoint here, newest first, each with
+    the command that resumes it."""
+    from grpolab.resume import resume_hint
+
+    experiments = {e.experiment_id: e.name for e in client.search_experiments()}
+    if not experiments:
+        return
+    found = client.search_runs(
+        list(experiments),
+        "tags.run_kind = 'train' and attributes.status != 'FINISHED' and attributes.status != 'RUNNING'",
+        order_by=["attributes.start_time DESC"],
+        max_results=200,
+    )
+    lines = []
+    for run in found:
+        hint = resume_hint(run)
+        if hint:
+            ending = run.data.tags.get("ending", run.info.status)
+            lines.append(
+                f"{experiments[run.info.experiment_id]}/{run.info.run_name} ({run.info.run_id}), "
+                f"{run.info.status} ({ending}): {hint}"
+            )
+    if lines:
+        print("Interrupted runs that can be resumed:\n" + "\n".join(f"  {line}" for line in lines))
 
 
 def main(argv: list[str] | None = None) -> int:

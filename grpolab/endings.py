@@ -131,6 +131,51 @@ def catching_signals() -> Iterator[None]:
         _restore(previous)
 
 
+class DeferredSignals:
+    """Hold SIGINT, SIGTERM and SIGHUP from `hold()` until `release()`, then deliver them to the
+    handler that was there before (Interrupted inside a run, the default action outside one). For a
+    window that opens in one place and closes in another: a training step's bookkeeping opens in one
+    trainer callback and closes in the next (grpolab.checkpoints.StepBoundary).
+
+    `release(deliver=False)` drops what was held: when the window ends in an error, the error ends the
+    run. SIGKILL and SIGQUIT (Ctrl-\\) still stop the process at once.
+    """
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.received: list[int] = []
+        self._previous: dict | None = None
+
+    @property
+    def holding(self) -> bool:
+        return self._previous is not None
+
+    def hold(self) -> None:
+        if self.holding or not _on_main_thread():
+            return
+        self.received = []
+        self._previous = _install(self._hold)
+
+    def _hold(self, signum, frame) -> None:
+        if not self.received:
+            name = signal.Signals(signum).name
+            os.write(
+                2,
+                f"\n{name} received: finishing {self.what} first (Ctrl-\\ or kill -9 stops at once)\n".encode(),
+            )
+        self.received.append(signum)
+
+    def release(self, deliver: bool = True) -> None:
+        if not self.holding:
+            return
+        _restore(self._previous)
+        self._previous = None
+        received, self.received = self.received, []
+        if deliver:
+            for signum in dict.fromkeys(received):
+                signal.raise_signal(signum)
+
+
 @contextmanager
 def signals_deferred(what: str) -> Iterator[None]:
     """Signals that arrive inside wait until `what` is done, then are delivered to the handler that
@@ -139,26 +184,14 @@ def signals_deferred(what: str) -> Iterator[None]:
     If the block itself fails, its error goes on and the waiting signals are dropped: the error
     ends the run. SIGKILL and SIGQUIT (Ctrl-\\) still stop the process at once.
     """
-    if not _on_main_thread():
-        yield
-        return
-    received: list[int] = []
-
-    def hold(signum, frame) -> None:
-        if not received:
-            name = signal.Signals(signum).name
-            os.write(
-                2, f"\n{name} received: finishing {what} first (Ctrl-\\ or kill -9 stops at once)\n".encode()
-            )
-        received.append(signum)
-
-    previous = _install(hold)
+    deferred = DeferredSignals(what)
+    deferred.hold()
     try:
         yield
-    finally:
-        _restore(previous)
-    for signum in dict.fromkeys(received):
-        signal.raise_signal(signum)
+    except BaseException:
+        deferred.release(deliver=False)
+        raise
+    deferred.release()
 
 
 def stopped(stop: BaseException, run: Any) -> tuple[str, str]:
@@ -356,12 +389,16 @@ def end_dead_run(client, run) -> str:
     )
     if tags.get("mlflow.note.content"):
         note += f"\n\nIts description before: {tags['mlflow.note.content']}"
+    from grpolab.resume import resume_hint
+
+    again = resume_hint(run)  # a checkpoint it saved before it died
+    note += f"\n\n{again}" if again else ""
     client.set_tag(run.info.run_id, "ending", "process died")
     client.set_tag(run.info.run_id, "mlflow.note.content", note)
     client.set_terminated(run.info.run_id, "KILLED", end_time=end_ms)
     return (
         f"Ended run {run.info.run_name} ({run.info.run_id}) KILLED: its process {tags['process.pid']} died "
-        f"without closing it. {logged}."
+        f"without closing it. {logged}." + (f"\n  {again}" if again else "")
     )
 
 

@@ -66,6 +66,12 @@ def parser(description: str) -> argparse.ArgumentParser:
         "out-of-memory snapshot then says who allocated what, for pytorch.org/memory_viz)",
     )
     run.add_argument(
+        "--resume",
+        metavar="RUN",
+        help="continue an interrupted run (`last`: this chapter's latest; a run id; or its folder) from its "
+        "newest whole checkpoint, in the same MLflow run, with the settings it logged",
+    )
+    run.add_argument(
         "--eval-only",
         type=Path,
         metavar="ADAPTER",

@@ -31,6 +31,9 @@ class Meter(TrainerCallback):
         self._decode: list[tuple[int, float]] = []  # (completion tokens, seconds) per generation
         self.step_generation_seconds: list[float] = []  # perf/generation_seconds, as logged at each step
         self.vllm_log: list[str] = []  # vLLM's start-up lines, captured while the policy loads (GPU)
+        # A resumed run: the last step its first process logged. The steps after its checkpoint are
+        # trained again but not logged again (MLflow cannot remove a point): one point per step.
+        self.logged_through = 0
 
     # --- attaching ------------------------------------------------------------------------------
     def attach(self, trainer) -> None:
@@ -50,6 +53,13 @@ class Meter(TrainerCallback):
         trainer.add_callback(self)
 
     # --- callbacks ------------------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, **kwargs):
+        # A resumed run: the rows its checkpoint's trainer state carries, so the doctor reads them all.
+        if state.global_step > 0 and not self.history:
+            from grpolab.doctor import step_rows
+
+            self.history = step_rows([numeric(row) for row in state.log_history if "step" in row])
+
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
         # The gradients exist only between backward and the optimizer's zero_grad: read them here.
         if model is not None:
@@ -75,7 +85,8 @@ class Meter(TrainerCallback):
         if speed:
             self.step_generation_seconds.append(speed["perf/generation_seconds"])
         metrics.update(speed)
-        mlflow.log_metrics(metrics, step=state.global_step)
+        if state.global_step > self.logged_through:
+            mlflow.log_metrics(metrics, step=state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         import mlflow
@@ -83,7 +94,8 @@ class Meter(TrainerCallback):
         metrics = numeric(logs or {})
         if metrics:
             self.history.append({"step": state.global_step, **metrics})
-            mlflow.log_metrics(metrics, step=state.global_step)
+            if state.global_step > self.logged_through:
+                mlflow.log_metrics(metrics, step=state.global_step)
 
     # --- what was measured ----------------------------------------------------------------------
     def speed(self) -> dict[str, float]:

@@ -89,8 +89,10 @@ def log_out_of_memory(run, error: BaseException, flags: Collection[str]) -> str:
     line = blame(phase, {n: c.rel_error(n) for n in c.paired}, c.budget)
     advice = next_step(line, run.sheet.inputs, flags)
     peak_gib = probe.process_peak_bytes / GIB
-    mlflow.log_metrics({**probe.summary(), "oom/peak_gib": peak_gib})
-    mlflow.log_metrics({f"{name}/measured": c.measured[name] / GIB for name in c.paired})
+    mlflow.log_metrics({**probe.summary(), "oom/peak_gib": peak_gib}, step=run.measure_step)
+    mlflow.log_metrics(
+        {f"{name}/measured": c.measured[name] / GIB for name in c.paired}, step=run.measure_step
+    )
     mlflow.set_tags(
         {
             "oom_phase": phase,

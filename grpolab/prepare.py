@@ -12,8 +12,9 @@ from pathlib import Path
 from grpolab.settings import FLAGS, LabSettings, LabSettingsError, check, lab_settings, overrides_from
 
 
-def prepare(lab_dir: Path, args: argparse.Namespace):
-    """Device, settings and sheet, checked before anything loads; prints the sheet."""
+def prepare(lab_dir: Path, args: argparse.Namespace, resume=None):
+    """Device, settings and sheet, checked before anything loads; prints the sheet. A resumed run
+    (`resume`: grpolab.resume.Resume) takes the settings it logged, on the profile it ran."""
     from budgets import compute
     from grpolab.device import DeviceError, detect
 
@@ -31,7 +32,11 @@ def prepare(lab_dir: Path, args: argparse.Namespace):
         if args.profile == "auto" and device.on_gpu
         else ("cpu" if args.profile == "auto" else args.profile)
     )
-    settings = lab_settings(lab_dir, profile, overrides_from(args))
+    if resume is not None:
+        profile = _resumed_profile(resume, args.profile, device.on_gpu)
+        settings = resume.settings(lab_dir, overrides_from(args))
+    else:
+        settings = lab_settings(lab_dir, profile, overrides_from(args))
     check(settings)
     cannot: list[str] = []
     if args.rehearse:
@@ -50,6 +55,20 @@ def prepare(lab_dir: Path, args: argparse.Namespace):
     if args.rehearse:
         settings = rehearse(settings, cannot, args.rehearsal_dir or args.output_dir / "rehearsal")
     return device, settings, sheet, card_note
+
+
+def _resumed_profile(resume, asked: str, on_gpu: bool) -> str:
+    """The profile a run resumes on: the one it trained on, which this machine must be able to run."""
+    if asked not in ("auto", resume.profile):
+        raise LabSettingsError(
+            f"resume: run {resume.run_id} trained on the {resume.profile} profile: drop --profile {asked}"
+        )
+    if resume.profile == "gpu" and not on_gpu:
+        raise LabSettingsError(
+            f"resume: run {resume.run_id} trained on a GPU and torch sees none here: resume it on a machine with "
+            "an NVIDIA GPU"
+        )
+    return resume.profile
 
 
 def card_plan(settings: LabSettings, device, profile: str):

@@ -35,6 +35,16 @@ class Run:
     comparison: Any = None
     evals: dict[str, Any] = field(default_factory=dict)  # "base" before training, "adapter" after
     summary: list[str] = field(default_factory=list)
+    resume: Any = None  # grpolab.resume.Resume: the interrupted run this one continues
+    boundary: Any = None  # grpolab.checkpoints.StepBoundary: each step's bookkeeping kept whole
+
+    @property
+    def measure_step(self) -> int:
+        """The step this process's measurements are logged at: 0 for a run in one piece; a resumed
+        run's at the step it reached, beside the first process's."""
+        if self.resume is None:
+            return 0
+        return self.trainer.state.global_step if self.trainer is not None else self.resume.checkpoint.step
 
     @property
     def task(self):
@@ -72,14 +82,40 @@ class Run:
         import mlflow
 
         from grpolab import tracking
+        from grpolab.step_boundary import StepBoundary
 
         self.trainer = trainer
+        # First among the harness's callbacks: it keeps the RNG states before anything else logs.
+        self.boundary = StepBoundary()
+        trainer.add_callback(self.boundary)
         self.meter.attach(trainer)
-        tracking.log_trainer_args(trainer.args)
+        resume = self.resume
+        tracking.log_trainer_args(trainer.args, resumed_from=resume.checkpoint.step if resume else None)
         mlflow.set_tag("trainer_class", type(trainer).__name__)
-        self.evaluate("base", step=0)  # the adapter starts at zero: this is the base model
-        with self.meter.probe.phase("train"):
-            trainer.train()
+        if resume is None or not self._logged_base():
+            self.evaluate("base", step=0)  # the adapter starts at zero: this is the base model
+        try:
+            with self.meter.probe.phase("train"):
+                # The trainer restores the adapter, optimizer, scheduler, RNG, data order and step.
+                trainer.train(resume_from_checkpoint=str(resume.checkpoint.path) if resume else None)
+        except BaseException:
+            self.boundary.close()
+            raise
+
+    def _logged_base(self) -> bool:
+        """A resumed run's base evaluation, as its first process logged it (the base does not change)."""
+        from grpolab.evaluate import EvalResult
+
+        metrics = self.resume.run.data.metrics
+        names = ("accuracy", "format_rate", "mean_completion_length")
+        if any(f"eval/base_{name}" not in metrics for name in names):
+            return False
+        self.evals["base"] = EvalResult(
+            "base",
+            int(self.resume.params.get("eval_prompts", self.settings.eval_prompts)),
+            *(metrics[f"eval/base_{name}"] for name in names),
+        )
+        return True
 
     def evaluate(self, which: str, step: int) -> None:
         """Held-out accuracy, format rate and length of `which` ("base" or "adapter"), logged as eval/*."""

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from budgets import BudgetError
+from budgets.units import GIB
 from grpolab import run_result
 from grpolab.endings import EXIT_BAD_INPUT, EXIT_OUT_OF_MEMORY
 from grpolab.flags import parser
@@ -51,7 +52,8 @@ def run_lab(lab_dir: Path, train: Callable[[Run], None], argv: list[str] | None 
     except store.StoreError as err:
         return _refuse(err)
     try:
-        device, settings, sheet, card_note = prepare(lab_dir, args)
+        resume = _resume_target(lab_dir, args)
+        device, settings, sheet, card_note = prepare(lab_dir, args, resume)
         # Before anything touches CUDA: standby's switch, then Unsloth, which configures the allocator.
         cuda = cuda_env.configure(settings.unsloth_vllm_standby)
     except (LabSettingsError, BudgetError) as err:
@@ -71,7 +73,7 @@ def run_lab(lab_dir: Path, train: Callable[[Run], None], argv: list[str] | None 
     except LabSettingsError as err:  # found only once the tokenizer exists (prompt lengths)
         return _refuse(err)
     try:
-        with session(settings, sheet, device, args, dataset, card_note, cuda=cuda) as run:
+        with session(settings, sheet, device, args, dataset, card_note, cuda=cuda, resume=resume) as run:
             train(run)
     except OutOfMemory as err:
         print(f"\nerror: {err}", file=sys.stderr)  # on a line of its own, after the progress bar
@@ -85,6 +87,25 @@ def run_lab(lab_dir: Path, train: Callable[[Run], None], argv: list[str] | None 
     return 0
 
 
+def _resume_target(lab_dir: Path, args: argparse.Namespace):
+    """The interrupted run `--resume` names (grpolab.resume), or None; refusals are one line."""
+    if args.resume is None:
+        return None
+    from grpolab import resume, store, tracking
+    from grpolab.settings import read_lab_toml
+
+    for other, given in (("--rehearse", args.rehearse), ("--eval-only", args.eval_only is not None)):
+        if given:
+            raise LabSettingsError(f"resume: {other} starts a run of its own: drop it, or drop --resume")
+    path = store.sqlite_path(tracking.tracking_uri())
+    if path is not None and not path.exists():
+        raise LabSettingsError(
+            f"resume: no MLflow store at {path}: no run to resume (set MLFLOW_TRACKING_URI?)"
+        )
+    chapter = read_lab_toml(lab_dir).get("chapter", Path(lab_dir).name)
+    return resume.find(args.resume, chapter, tracking.client())
+
+
 def _refuse(err: Exception) -> int:
     print(f"error: {err}", file=sys.stderr)
     return EXIT_BAD_INPUT
@@ -92,12 +113,22 @@ def _refuse(err: Exception) -> int:
 
 @contextmanager
 def session(
-    settings, sheet, device, args, dataset, card_note: str = "", nested: bool = False, cuda=None
+    settings,
+    sheet,
+    device,
+    args,
+    dataset,
+    card_note: str = "",
+    nested: bool = False,
+    cuda=None,
+    resume=None,
 ) -> Iterator[Run]:
     """An MLflow run around one training: measured, ended with the status it earned, its adapter saved.
 
-    Ctrl-C ends the run KILLED with the adapter trained so far; an out-of-memory error ends it FAILED
-    with the phase, the peak and the line to blame, and raises OutOfMemory with the next step.
+    Ctrl-C ends the run KILLED with the adapter trained so far and a checkpoint to resume from; an
+    out-of-memory error ends it FAILED with the phase, the peak and the line to blame (and a
+    checkpoint), and raises OutOfMemory with the next step. With `resume` (grpolab.resume.Resume) the
+    interrupted run's MLflow run is reopened and training continues from its checkpoint.
     """
     from grpolab import endings, tracking
     from grpolab.meter import Meter
@@ -112,16 +143,19 @@ def session(
         # (without it the snapshot still shows every segment and block, with no stacks). A run capped to
         # rehearse an out-of-memory asks for it.
         torch.cuda.memory._record_memory_history(max_entries=100_000)
-    name = tracking.run_name(("rehearse-" if getattr(args, "rehearse", False) else "") + settings.profile)
-    run = Run(
-        settings, sheet, device, args, dataset, args.output_dir / settings.chapter / name, Meter(probe, sheet)
-    )
+    if resume is not None:
+        name, output_dir = resume.run.info.run_name, resume.output_dir
+    else:
+        name = tracking.run_name(("rehearse-" if getattr(args, "rehearse", False) else "") + settings.profile)
+        output_dir = args.output_dir / settings.chapter / name
+    run = Run(settings, sheet, device, args, dataset, output_dir, Meter(probe, sheet), resume=resume)
     tags = {
         "profile": settings.profile,
         "backend": settings.backend,
         "model_id": settings.model,
         "chapter": settings.chapter,
         "run_kind": "rehearsal" if getattr(args, "rehearse", False) else "train",
+        "output_dir": str(Path(output_dir).resolve()),  # where its checkpoints are: --resume finds them
     }
     try:
         with tracking.lab_run(
@@ -131,28 +165,33 @@ def session(
             args.system_metrics_interval,
             nested,
             getattr(args, "parent_run_id", None),
+            resume_run_id=resume.run_id if resume is not None else None,
         ) as mlflow_run:
             run.mlflow_run = mlflow_run
-            tracking.log_context(settings, device, card_note, cuda)
+            tracking.log_context(settings, device, card_note, cuda, resumed=resume is not None)
             if device.on_gpu:  # CUDA is up now (the probe measured its context): what the allocator got
                 import mlflow
 
                 from grpolab.cuda_env import allocator_settings
 
                 mlflow.set_tag("cuda_allocator_settings", allocator_settings())
-            tracking.log_sheet(sheet)
+            if resume is None:
+                tracking.log_sheet(sheet)
+            else:
+                _reopen(run, resume)
             try:
                 yield run
             except KeyboardInterrupt as stop:
-                # Ctrl-C, SIGTERM or SIGHUP: keep what was trained and what was measured; the run ends
-                # KILLED, its description opening with the signal and the step.
+                # Ctrl-C, SIGTERM or SIGHUP: keep what was trained and what was measured, and a checkpoint
+                # to resume from; the run ends KILLED, its description opening with the signal and the step.
                 ending, cause = endings.stopped(stop, run)
-                tracking.describe_ending(ending, cause)
                 _save_adapter(run)
+                again = _resume_line(run, _save_stopped_checkpoint(run))
+                tracking.describe_ending(ending, f"{cause} {again}" if again else cause)
                 _log_measurement(run, "KILLED", _doctor(run), ending)
                 print(
                     f"\n{cause.removesuffix('.')}: run {mlflow_run.info.run_id} ends KILLED; the adapter so far is in "
-                    f"{run.output_dir}"
+                    f"{run.output_dir}" + (f"\n{again}" if again else "")
                 )
                 raise
             except Exception as error:
@@ -161,7 +200,11 @@ def session(
                 if not is_out_of_memory(error):
                     tracking.describe_ending(*endings.failed(error, run))
                     raise
-                raise OutOfMemory(log_out_of_memory(run, error, FLAGS)) from error
+                message = log_out_of_memory(run, error, FLAGS)
+                again = _resume_line(run, _save_stopped_checkpoint(run), oom=True)
+                if again:
+                    tracking.add_to_description(again)
+                raise OutOfMemory(f"{message}\n{again}" if again else message) from error
             _save_adapter(run)
             if run.adapter_dir is not None:
                 import mlflow
@@ -181,6 +224,80 @@ def session(
         f"MLflow run {run.mlflow_run.info.run_id} in {tracking.tracking_uri()}",
         f"Open it: uv run mlflow ui --backend-store-uri {tracking.tracking_uri()}, then {tracking.run_url(run.mlflow_run)}",
     ]
+
+
+def _reopen(run: Run, resume) -> None:
+    """A resumed run's MLflow run: the resume recorded (tag `resumes`, the description), the sheet
+    logged again only where memory settings changed it (at the step it resumes from), the steps the
+    run logged after its checkpoint not logged twice."""
+    import json
+
+    import mlflow
+
+    from grpolab import resume as resuming
+    from grpolab import tracking
+
+    client = tracking.client()
+    past = json.loads(resume.tags.get(resuming.TAG, "[]"))
+    record = resume.record()
+    for line in resume.skipped:
+        print(f"resume: {line}", flush=True)
+    print(
+        f"Resuming run {resume.run_id} ({resume.run.info.run_name}) from {resume.checkpoint.name} "
+        f"(step {resume.checkpoint.step} of {run.settings.max_steps}) in {resume.output_dir}",
+        flush=True,
+    )
+    mlflow.set_tags(
+        {
+            resuming.TAG: json.dumps([*past, record]),
+            **{f"resume.changed.{name}": f"{old} -> {new}" for name, (old, new) in resume.changed.items()},
+        }
+    )
+    tracking.describe_resumes(resuming.history_text([*past, record]))
+    logged_total = resume.run.data.metrics.get("total/budget")
+    if logged_total is None or abs(logged_total - run.sheet.total_bytes / GIB) > 1e-9:
+        tracking.log_sheet(run.sheet, step=resume.checkpoint.step, suffix=f"-resume-{resume.checkpoint.step}")
+    run.meter.logged_through = resume.logged_steps(client)
+
+
+def _save_stopped_checkpoint(run: Run):
+    """The stopped run's checkpoint (grpolab.step_boundary.save_stopped), or the newest whole one; a
+    failure to save it is a warning: the run's ending stays what it was."""
+    from grpolab import checkpoints, endings, step_boundary
+
+    if run.trainer is None:
+        return None
+    try:
+        return step_boundary.save_stopped(run.trainer, run.boundary)
+    except Exception as error:
+        removed = endings.remove_partial_checkpoints(run.output_dir)
+        print(
+            f"warning: could not save a checkpoint of step {run.trainer.state.global_step}: "
+            f"{endings.error_line(error)}"
+            + (f" (removed the half-written {', '.join(removed)})" if removed else ""),
+            file=sys.stderr,
+        )
+        return checkpoints.latest(run.output_dir)
+
+
+def _resume_line(run: Run, checkpoint, oom: bool = False) -> str:
+    """The command that resumes the run from `checkpoint`, as a sentence ("" without one). After an
+    out-of-memory, with the settings a resume may change that give it more room, when there are any."""
+    from budgets import advice
+    from grpolab import resume
+
+    if checkpoint is None or run.mlflow_run is None:
+        return ""
+    changes = ""
+    if oom:  # the line to blame, as grpolab.oom tagged it; advice that names only what a resume may change
+        import mlflow
+
+        line = mlflow.get_run(run.mlflow_run.info.run_id).data.tags.get("oom_line", "")
+        changes = advice.for_line(line, run.sheet.inputs, resume.NEUTRAL) if line else ""
+        changes = changes if changes.startswith(("lower", "raise", "set")) else ""
+    command = resume.command(run.settings.chapter, run.mlflow_run.info.run_id)
+    text = f"Resume it from {checkpoint.name} (step {checkpoint.step}): {command}"
+    return text + (f" (with more room: {changes})" if changes else "")
 
 
 def records_memory_history(args: argparse.Namespace) -> bool:
@@ -243,5 +360,5 @@ def _log_measurement(run: Run, status: str, doctor: str = "", ending: str = "fin
         extra |= comparison.phase_pairs(run.sheet, meter.probe.step_phase_peaks)
         ledger = meter.vllm_ledger()
         extra |= ledger.metrics() if ledger is not None else {}
-    tracking.log_comparison(c, figure, extra, MEMORY_LABELS, note)
+    tracking.log_comparison(c, figure, extra, MEMORY_LABELS, note, step=run.measure_step)
     run_result.write(run, status, c, ending=ending)

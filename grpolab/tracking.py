@@ -134,6 +134,7 @@ def lab_run(
     system_metrics_interval_s: float | None = None,
     nested: bool = False,
     parent_run_id: str | None = None,
+    resume_run_id: str | None = None,
 ) -> Iterator[Any]:
     """Start an MLflow run and end it with the status it earned, and why: FINISHED; KILLED on Ctrl-C,
     SIGTERM or SIGHUP (each raises `endings.Interrupted` while the run is open); FAILED on any
@@ -144,6 +145,8 @@ def lab_run(
     each. With `system_metrics_interval_s`, MLflow's own system metrics (CPU, RAM, and GPU memory
     through NVML) are sampled at that interval beside the lab's probe. With `parent_run_id` the run
     is nested under that run, which another process holds open (a sweep's cell under its sweep).
+    With `resume_run_id` that run is reopened (RUNNING again, this process's tags, its old ending
+    cleared) and ends with the status this process earns.
     """
     import mlflow
 
@@ -153,14 +156,23 @@ def lab_run(
         print(line, flush=True)
     if system_metrics_interval_s is not None:
         mlflow.set_system_metrics_sampling_interval(system_metrics_interval_s)
-    run = mlflow.start_run(
-        experiment_id=experiment_id(chapter),
-        run_name=run_name,
-        tags={**tags, **process_tags()},
-        log_system_metrics=system_metrics_interval_s is not None,
-        nested=nested,
-        parent_run_id=parent_run_id,  # a run of another process (a sweep's cell): tag mlflow.parentRunId
-    )
+    if resume_run_id is not None:
+        run = mlflow.start_run(
+            run_id=resume_run_id,
+            tags={**tags, **process_tags()},
+            log_system_metrics=system_metrics_interval_s is not None,
+        )
+        if "ending" in mlflow.get_run(resume_run_id).data.tags:
+            mlflow.delete_tag("ending")  # the old ending is history now: the resumes tag keeps it
+    else:
+        run = mlflow.start_run(
+            experiment_id=experiment_id(chapter),
+            run_name=run_name,
+            tags={**tags, **process_tags()},
+            log_system_metrics=system_metrics_interval_s is not None,
+            nested=nested,
+            parent_run_id=parent_run_id,  # a run of another process (a sweep's cell): tag mlflow.parentRunId
+        )
     with endings.catching_signals():
         try:
             yield run
@@ -176,6 +188,12 @@ def lab_run(
 
 # Why each run of this process ended, as the harness described it: it opens the run's description.
 _ENDINGS: dict[str, str] = {}
+# A resumed run's resumes, as its description lists them after the ending.
+_RESUMES: dict[str, str] = {}
+
+
+def _description(run_id: str, body: str = "") -> str:
+    return "\n\n".join(part for part in (_ENDINGS.get(run_id), _RESUMES.get(run_id), body) if part)
 
 
 def describe_ending(ending: str, text: str) -> None:
@@ -186,7 +204,25 @@ def describe_ending(ending: str, text: str) -> None:
 
     run_id = mlflow.active_run().info.run_id
     _ENDINGS[run_id] = f"{_ENDINGS[run_id]} Then: {text}" if run_id in _ENDINGS else text
-    mlflow.set_tags({"ending": ending, "mlflow.note.content": _ENDINGS[run_id]})
+    mlflow.set_tags({"ending": ending, "mlflow.note.content": _description(run_id)})
+
+
+def describe_resumes(text: str) -> None:
+    """A resumed run's resumes (grpolab.resume.history_text), kept in its description after the ending."""
+    import mlflow
+
+    run_id = mlflow.active_run().info.run_id
+    _RESUMES[run_id] = text
+    mlflow.set_tag("mlflow.note.content", _description(run_id))
+
+
+def add_to_description(text: str) -> None:
+    """`text` after what the active run's description already says."""
+    import mlflow
+
+    run_id = mlflow.active_run().info.run_id
+    before = mlflow.get_run(run_id).data.tags.get("mlflow.note.content", "")
+    mlflow.set_tag("mlflow.note.content", f"{before}\n\n{text}" if before else text)
 
 
 def _end(run, status: str, ending: str, cause: str | None = None) -> None:
@@ -232,12 +268,15 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
-def log_context(settings, device, card_note: str, cuda=None) -> None:
+def log_context(settings, device, card_note: str, cuda=None, resumed: bool = False) -> None:
     """Everything needed to reproduce and read the run: the settings, the environment (the allocator
-    configuration and standby switch it really ran with, `cuda`: a grpolab.cuda_env.CudaEnv), the device."""
+    configuration and standby switch it really ran with, `cuda`: a grpolab.cuda_env.CudaEnv), the device.
+    A resumed run keeps the settings it logged (a param cannot change: what a resume changed is a tag);
+    its environment and device are this process's."""
     import mlflow
 
-    mlflow.log_params(settings.as_params())
+    if not resumed:
+        mlflow.log_params(settings.as_params())
     mlflow.set_tags(
         {
             "uv_lock_sha256": lock_hash(),
@@ -250,11 +289,15 @@ def log_context(settings, device, card_note: str, cuda=None) -> None:
     )
 
 
-def log_trainer_args(args) -> None:
-    """The trainer's effective arguments (what really trains, after Unsloth's and TRL's defaults)."""
+def log_trainer_args(args, resumed_from: int | None = None) -> None:
+    """The trainer's effective arguments (what really trains, after Unsloth's and TRL's defaults); a
+    resumed run's go beside the first ones as an artifact (params cannot change)."""
     import mlflow
 
     effective = {k: v for k, v in args.to_dict().items() if not k.startswith("_") and "token" not in k}
+    if resumed_from is not None:
+        mlflow.log_dict(effective, f"trainer/effective_args-resume-{resumed_from}.json")
+        return
     mlflow.log_dict(effective, "trainer/effective_args.json")
     params = {
         f"trainer.{k}": str(v)[:500] for k, v in effective.items() if isinstance(v, (int, float, str, bool))
@@ -262,22 +305,26 @@ def log_trainer_args(args) -> None:
     mlflow.log_params(params)
 
 
-def log_sheet(sheet) -> None:
-    """Every line as `<line>/budget` in GiB, the total and capacity, and the sheet as artifacts."""
+def log_sheet(sheet, step: int = 0, suffix: str = "") -> None:
+    """Every line as `<line>/budget` in GiB, the total and capacity, and the sheet as artifacts
+    (`budget/sheet<suffix>.txt`); at `step`, for a resumed run whose memory settings changed it."""
     import mlflow
 
     metrics = {f"{line.name}/budget": line.bytes / GIB for line in sheet.lines}
     metrics["total/budget"] = sheet.total_bytes / GIB
     metrics["total/capacity"] = sheet.capacity_bytes / GIB
-    mlflow.log_metrics(metrics, step=0)
+    mlflow.log_metrics(metrics, step=step)
     mlflow.set_tag("budget_fits", str(sheet.fits))
-    mlflow.log_text(sheet.table(), "budget/sheet.txt")
-    mlflow.log_dict(sheet.to_dict(), "budget/sheet.json")
+    mlflow.log_text(sheet.table(), f"budget/sheet{suffix}.txt")
+    mlflow.log_dict(sheet.to_dict(), f"budget/sheet{suffix}.json")
 
 
-def log_comparison(c, figure, extra_metrics: dict[str, float], labels: dict[str, str], note: str) -> None:
+def log_comparison(
+    c, figure, extra_metrics: dict[str, float], labels: dict[str, str], note: str, step: int = 0
+) -> None:
     """`<line>/measured`, `/diff`, `/rel_error` beside each `<line>/budget`, the totals, the table,
-    the chart, and the verdict as the run's description."""
+    the chart, and the verdict as the run's description. At `step`: 0 for a run in one piece; a
+    resumed run measures each process again and logs its figures at the step that process reached."""
     import mlflow
 
     from grpolab import comparison
@@ -293,14 +340,14 @@ def log_comparison(c, figure, extra_metrics: dict[str, float], labels: dict[str,
     metrics["total/budget_compared"] = c.total_budget / GIB
     metrics["total/rel_error"] = c.total_rel_error
     metrics["total/unattributed"] = c.unattributed / GIB
-    mlflow.log_metrics(metrics)
-    ending = _ENDINGS.get(mlflow.active_run().info.run_id)  # why the run ended, when it did not finish
+    mlflow.log_metrics(metrics, step=step)
     mlflow.set_tags(
         {
             "memory_labels": json.dumps(labels),
             "budget_unmeasured_lines": ",".join(c.unmeasured) or "none",
             "measured_unpaired": ",".join(c.unpaired_measured) or "none",
-            "mlflow.note.content": f"{ending}\n\n{note}" if ending else note,
+            # why the run ended when it did not finish, and its resumes, then the verdict
+            "mlflow.note.content": _description(mlflow.active_run().info.run_id, note),
         }
     )
     mlflow.log_text(comparison.table(c), "memory/budget_vs_measured.md")

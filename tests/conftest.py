@@ -224,11 +224,12 @@ class FileSizeLimit:
 
 @pytest.fixture(scope="session")
 def wave(tmp_path_factory):
-    """Eight labs started at once: seven on one fresh store (two that finish, the README's command
-    with flags and another task; a rehearsal; one that runs out of memory; one per signal) and one
-    whose disk fills, on a
-    store of its own (the file-size limit must not reach the shared store). None evaluates on the
-    held-out prompts (the shared README run does), so each reaches its steps sooner."""
+    """Ten labs started at once: seven on one fresh store (two that finish, the README's command
+    with flags and another task; a rehearsal; one that runs out of memory; one per signal), one
+    whose disk fills, on a store of its own (the file-size limit must not reach the shared store),
+    and two stopped to be resumed, each on its own store. Only the README's command with flags (and
+    the runs to resume, which train as it does) evaluates on the held-out prompts, so the others
+    reach their steps sooner."""
     if HAS_CUDA:
         pytest.skip("runs the CPU profile; on a GPU the same commands run Qwen3-4B")
     tmp = tmp_path_factory.mktemp("wave")
@@ -261,6 +262,17 @@ def wave(tmp_path_factory):
             tmp,
         ),
     }
+    # Two runs to resume (tests/test_run_resume.py): the README's command with flags, as finish-1 runs
+    # it, stopped after two steps, each on a store of its own (a resume reconciles its store first):
+    # one by SIGTERM, one by SIGKILL with a checkpoint every step, so it dies past its last checkpoint.
+    for name, signum, extra in (
+        ("resume-SIGTERM", signal.SIGTERM, []),
+        ("resume-SIGKILL", signal.SIGKILL, ["--save-steps", "1"]),
+    ):
+        (tmp / name).mkdir()
+        labs[name] = Lab(
+            name, [*README_FLAGS, *extra], f"sqlite:///{tmp / name / 'mlflow.db'}", tmp, send(signum)
+        )
     disk.watch(labs["disk"])
     cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:

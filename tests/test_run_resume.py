@@ -1,0 +1,301 @@
+"""Resuming an interrupted run: the same MLflow run goes on, from the newest whole checkpoint, to the
+same adapter an uninterrupted run trains.
+
+The wave (tests/conftest.py) starts the README's command with flags three times at once: `finish-1`
+runs it to its last step; `resume-SIGTERM` is stopped by SIGTERM after two steps (the harness saves
+the step it finished as a checkpoint); `resume-SIGKILL` saves a checkpoint every step and is killed
+after two, past its last whole checkpoint, leaving steps logged that the checkpoint does not hold.
+Here each is resumed as the README says (`--resume last`, and by its folder), and the resumed runs are
+held against finish-1: one metric point per step, nothing twice and nothing missing, the resume in
+the description, and the adapter equal within floating-point tolerance. The refusals (no
+checkpoint, a half-written one, another chapter, another model or LoRA shape, a finished run) run
+in this process on runs written for them: one line each, exit 2, nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+from conftest import HAS_CUDA, LAB_DIR, README_FLAGS, REPO_ROOT, only_run
+
+from grpolab import resume
+from grpolab.checkpoints import WHOLE
+from grpolab.errors import LabSettingsError
+from grpolab.settings import lab_settings
+
+README_RESUME = ["uv", "run", "python", "labs/grpo-first/train.py", "--resume", "last"]
+README_RUNS = ["uv", "run", "python", "-m", "grpolab", "runs"]
+MAX_STEPS = int(README_FLAGS[README_FLAGS.index("--max-steps") + 1])
+# How far a resumed adapter may lie from the uninterrupted one (largest absolute difference of any
+# LoRA weight, against weights of order 1e-2): measured 0.0 on CPU, one thread (bit for bit); a bound
+# for a busier machine, far below what one step moves a weight (a learning rate of 2e-2).
+ADAPTER_TOLERANCE = 1e-6
+
+
+def _command(readme: list[str]) -> list[str]:
+    return readme if shutil.which("uv") else [sys.executable, *readme[3:]]
+
+
+def _env(uri: str) -> dict[str, str]:
+    # One thread, as the wave's labs train: the same reductions in the same order, bit for bit.
+    return {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="session")
+def resumed(wave):
+    """The two stopped runs, listed by `python -m grpolab runs`, then resumed (SIGTERM's with the
+    README's `--resume last`, SIGKILL's by its folder), one after the other."""
+    if HAS_CUDA:
+        pytest.skip("runs the CPU profile; on a GPU the same commands run Qwen3-4B")
+    out = {}
+    for name in ("resume-SIGTERM", "resume-SIGKILL"):
+        lab = wave["labs"][name]
+        uri = f"sqlite:///{lab.output / 'mlflow.db'}"
+        client = mlflow.MlflowClient(uri)
+        before = only_run(client, lab)
+        listed = subprocess.run(
+            _command(README_RUNS), cwd=REPO_ROOT, env=_env(uri), capture_output=True, text=True, timeout=300
+        )
+        (folder,) = lab.output.glob("grpo-first/*")
+        target = ["--resume", str(folder)] if name == "resume-SIGKILL" else []
+        command = [*_command(README_RESUME[:-2]), *(target or README_RESUME[-2:])]
+        result = subprocess.run(
+            command, cwd=REPO_ROOT, env=_env(uri), capture_output=True, text=True, timeout=900
+        )
+        out[name] = {
+            "lab": lab,
+            "before": before,
+            "listed": listed,
+            "result": result,
+            "client": client,
+            "folder": folder,
+            "after": client.get_run(before.info.run_id),
+        }
+    return out
+
+
+def _adapter(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "adapter" / "adapter_model.safetensors"))
+
+
+def _steps(client, run_id: str, key: str) -> list[int]:
+    return sorted(p.step for p in client.get_metric_history(run_id, key))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resume-SIGTERM", "resume-SIGKILL"])
+def test_a_resumed_run_trains_on_to_the_adapter_of_a_run_never_stopped(resumed, wave, name):
+    r = resumed[name]
+    result, client = r["result"], r["client"]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    after = r["after"]
+    assert (after.info.status, after.data.tags["ending"]) == ("FINISHED", "finished")
+    assert after.info.run_id == r["before"].info.run_id  # the same MLflow run
+    (record,) = json.loads(after.data.tags["resumes"])
+    step = record["from_step"]
+    assert 1 <= step < MAX_STEPS and record["checkpoint"] == f"checkpoint-{step}"
+    note = after.data.tags["mlflow.note.content"]
+    assert f"from checkpoint-{step} (step {step}) after it ended " in note and note.startswith("Resumed "), (
+        note
+    )
+    assert f"Resuming run {after.info.run_id} " in result.stdout
+    # One point per step, from the first to the last: none twice (the steps trained again after the
+    # checkpoint are not logged again), none missing.
+    for key in ("loss", "reward", "memory/step_peak_gib"):
+        assert _steps(client, after.info.run_id, key) == list(range(1, MAX_STEPS + 1)), key
+    # The resumed process measured its own peak and compared it with the same sheet: beside the first
+    # process's figures (step 0), its own at the last step; the budget logged once.
+    assert _steps(client, after.info.run_id, "total/measured") in ([0, MAX_STEPS], [MAX_STEPS])
+    assert _steps(client, after.info.run_id, "total/budget") == [0]
+    # The same adapter as the run that was never stopped, trained with the same seed and settings.
+    reference = wave["labs"]["finish-1"].output
+    (reference_folder,) = reference.glob("grpo-first/*")
+    ours, theirs = _adapter(r["folder"]), _adapter(reference_folder)
+    assert ours.keys() == theirs.keys()
+    worst = max((ours[k] - theirs[k]).abs().max().item() for k in ours)
+    moved = max((theirs[k]).abs().max().item() for k in theirs)
+    print(
+        f"\n{name}: largest difference from the uninterrupted adapter {worst:.3g} (largest weight {moved:.3g})"
+    )
+    assert worst <= ADAPTER_TOLERANCE, worst
+
+
+@pytest.mark.slow
+def test_the_stopped_run_printed_its_resume_command_and_runs_lists_it(resumed, wave):
+    stopped = resumed["resume-SIGTERM"]
+    lab, before = stopped["lab"], stopped["before"]
+    assert wave["codes"]["resume-SIGTERM"] == 128 + signal.SIGTERM, lab.log()
+    assert (before.info.status, before.data.tags["ending"]) == ("KILLED", "SIGTERM")
+    run_id = before.info.run_id
+    line = next(line for line in lab.stdout.splitlines() if line.startswith("Resume it from checkpoint-"))
+    assert line.endswith(f"uv run python labs/grpo-first/train.py --resume {run_id}"), line
+    assert "MLFLOW_TRACKING_URI=sqlite:///" in line  # not the default store: the command says which
+    assert "Resume it from checkpoint-" in before.data.tags["mlflow.note.content"]
+    listed = stopped["listed"]
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert "Interrupted runs that can be resumed:" in listed.stdout
+    assert f"({run_id}), KILLED (SIGTERM): Resume it from checkpoint-" in listed.stdout
+    # SIGKILL: nothing ran at the end; the listing (which reconciles nothing) still offers the resume
+    killed = resumed["resume-SIGKILL"]
+    assert killed["before"].info.status == "RUNNING"
+    assert "its process died without closing it" in killed["listed"].stdout
+
+
+# --- refusals, in this process, on runs written for them ----------------------------------------------
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    client = mlflow.MlflowClient(uri)
+    return client
+
+
+def interrupted_run(
+    client, tmp_path: Path, status="KILLED", chapter="grpo-first", checkpoints=(2,), rank=None
+):
+    """A run as a stopped CPU lab leaves it: its logged settings, tags, folder and checkpoints (each
+    holding the files a whole checkpoint has; `rank` writes another LoRA rank into their config)."""
+    settings = lab_settings(LAB_DIR, "cpu")
+    experiment = client.get_experiment_by_name(chapter) or client.get_experiment(
+        client.create_experiment(chapter)
+    )
+    folder = tmp_path / "outputs" / chapter / f"cpu-run-{len(list(tmp_path.glob('outputs/*/*')))}"
+    folder.mkdir(parents=True)
+    run = client.create_run(
+        experiment.experiment_id,
+        tags={
+            "chapter": chapter,
+            "profile": "cpu",
+            "run_kind": "train",
+            "output_dir": str(folder),
+            "ending": "SIGTERM",
+            "overridden": "none",
+        },
+    )
+    for name, value in settings.as_params().items():
+        client.log_param(run.info.run_id, name, value)
+    for step in checkpoints:
+        whole(folder / f"checkpoint-{step}", rank or settings.lora_rank, settings)
+    client.set_terminated(run.info.run_id, status)
+    return client.get_run(run.info.run_id), folder
+
+
+def whole(path: Path, rank: int, settings) -> None:
+    path.mkdir(parents=True)
+    for name in WHOLE:
+        (path / name).write_bytes(b"x")
+    (path / "adapter_model.safetensors").write_bytes(b"x")
+    (path / "adapter_config.json").write_text(
+        json.dumps(
+            {"r": rank, "lora_alpha": settings.lora_alpha, "target_modules": list(settings.target_modules)}
+        )
+    )
+
+
+def _runs(client) -> dict:
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    return {
+        r.info.run_id: (r.info.status, r.data.tags.get("ending")) for r in client.search_runs(experiments)
+    }
+
+
+def refusal(lab_module, capsys, client, tmp_path: Path, argv: list[str]) -> str:
+    runs, files = _runs(client), sorted(tmp_path.rglob("*"))
+    capsys.readouterr()  # what the store printed when it was created
+    code = lab_module.main(["--output-dir", str(tmp_path / "outputs"), *argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert _runs(client) == runs  # nothing written: no run started, none reopened or ended
+    assert sorted(tmp_path.rglob("*")) == files  # no folder, no checkpoint touched
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_a_run_that_finished_is_refused(lab_module, capsys, store, tmp_path):
+    run, _ = interrupted_run(store, tmp_path, status="FINISHED")
+    err = refusal(lab_module, capsys, store, tmp_path, ["--resume", run.info.run_id])
+    assert (
+        err
+        == f"error: resume: run {run.info.run_id} ({run.info.run_name}) FINISHED all its steps: nothing to resume (start a new run to train longer)"
+    )
+
+
+def test_a_run_without_a_checkpoint_is_refused(lab_module, capsys, store, tmp_path):
+    _, folder = interrupted_run(store, tmp_path, checkpoints=())
+    err = refusal(lab_module, capsys, store, tmp_path, ["--resume", str(folder)])
+    assert f"left no whole checkpoint in {folder}" in err and "--save-steps" in err
+
+
+def test_a_half_written_newest_checkpoint_is_skipped_with_a_word(store, tmp_path):
+    run, folder = interrupted_run(store, tmp_path, checkpoints=(2, 4))
+    (folder / "checkpoint-4" / "trainer_state.json").unlink()  # the save was cut before its last file
+    found = resume.find("last", "grpo-first", store)
+    assert found.checkpoint.name == "checkpoint-2" and found.run_id == run.info.run_id
+    assert found.skipped == ["checkpoint-4 is half-written (no trainer_state.json): skipped"]
+    # only half-written ones: nothing to resume from, and the refusal says why
+    shutil.rmtree(folder / "checkpoint-2")
+    with pytest.raises(LabSettingsError, match=r"left no whole checkpoint .*checkpoint-4 is half-written"):
+        resume.find("last", "grpo-first", store)
+
+
+def test_a_run_of_another_chapter_is_refused(lab_module, capsys, store, tmp_path):
+    run, _ = interrupted_run(store, tmp_path, chapter="grpo-sizing")
+    err = refusal(lab_module, capsys, store, tmp_path, ["--resume", run.info.run_id])
+    assert (
+        f"is chapter grpo-sizing's, not grpo-first's: resume it with labs/grpo-sizing/train.py --resume {run.info.run_id}"
+        in err
+    )
+
+
+def test_settings_that_change_the_training_are_refused_by_name(lab_module, capsys, store, tmp_path):
+    run, _ = interrupted_run(store, tmp_path)
+    err = refusal(
+        lab_module,
+        capsys,
+        store,
+        tmp_path,
+        ["--resume", "last", "--lora-rank", "8", "--max-lora-rank", "8", "--num-generations", "8"],
+    )
+    assert f"resume: run {run.info.run_id} trained with other settings (" in err
+    for change in ("lora_rank 16 -> 8", "num_generations 16 -> 8"):
+        assert change in err, err
+    assert "--eval-prompts" in err  # what may change is named too
+
+
+def test_a_checkpoint_of_another_lora_shape_is_refused(lab_module, capsys, store, tmp_path):
+    run, folder = interrupted_run(store, tmp_path, rank=8)
+    err = refusal(lab_module, capsys, store, tmp_path, ["--resume", run.info.run_id])
+    assert f"{folder / 'checkpoint-2'} holds another LoRA shape (r 8 (run: 16))" in err
+
+
+def test_unknown_targets_and_runs_still_running_are_refused(lab_module, capsys, store, tmp_path):
+    run, _ = interrupted_run(store, tmp_path)
+    err = refusal(lab_module, capsys, store, tmp_path, ["--resume", "not-a-run"])
+    assert "'not-a-run' is neither a run folder nor a run id of this store" in err
+    # a run whose process lives (this one's) is still running: not to be resumed under it
+    from grpolab import tracking
+
+    store.update_run(run.info.run_id, "RUNNING")
+    for key, value in tracking.process_tags().items():
+        store.set_tag(run.info.run_id, key, value)
+    err = refusal(lab_module, capsys, store, tmp_path, ["--resume", run.info.run_id])
+    assert f"is still RUNNING (process {os.getpid()})" in err
+
+
+def test_changes_that_leave_the_training_alone_are_allowed_and_kept(store, tmp_path):
+    run, _ = interrupted_run(store, tmp_path)
+    found = resume.find(run.info.run_id, "grpo-first", store)
+    settings = found.settings(LAB_DIR, {"eval_prompts": 8, "save_steps": 5})
+    assert (settings.eval_prompts, settings.save_steps) == (8, 5)
+    assert found.changed == {"eval_prompts": ("32", "8"), "save_steps": ("50", "5")}
+    assert settings.num_generations == lab_settings(LAB_DIR, "cpu").num_generations
