@@ -78,7 +78,7 @@ def runs(reconcile: bool) -> int:
 def interrupted(client) -> None:
     """The runs that ended KILLED or FAILED and left a whole checkpoint here, newest first, each with
     the command that resumes it."""
-    from grpolab.resume import resume_hint
+    from grpolab.checkpoints import resume_hint
 
     experiments = {e.experiment_id: e.name for e in client.search_experiments()}
     if not experiments:

@@ -1,4 +1,5 @@
-"""What a run leaves to resume from: its checkpoints, whole or half-written.
+"""What a run leaves to resume from: its checkpoints, whole or half-written, and the command that
+resumes it (grpolab.resume does the resuming).
 
 The trainer writes `checkpoint-N` every `save_steps` (transformers 5.17's `Trainer._save_checkpoint`:
 the adapter, then the optimizer and scheduler, the RNG states, and `trainer_state.json` last, with
@@ -10,10 +11,14 @@ already trained are skipped). Reading them needs no torch: `--resume` checks the
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from grpolab.paths import DEFAULT_DB, REPO_ROOT
 
 # What a whole checkpoint of a LoRA run holds; trainer_state.json is written last.
 WHOLE = ("trainer_state.json", "adapter_config.json", "optimizer.pt", "scheduler.pt", "rng_state.pth")
@@ -65,3 +70,31 @@ def latest(output_dir: Path) -> Checkpoint | None:
 
 def adapter_config(checkpoint: Checkpoint) -> dict[str, Any]:
     return json.loads((checkpoint.path / "adapter_config.json").read_text())
+
+
+# --- the command that resumes a run ------------------------------------------------------------------
+def command(chapter: str, run_id: str, changes: str = "") -> str:
+    """The exact command that resumes a run (with the store, when it is not the default)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    env = f"MLFLOW_TRACKING_URI={shlex.quote(uri)} " if uri and uri != f"sqlite:///{DEFAULT_DB}" else ""
+    lab = Path("labs") / chapter / "train.py"
+    if not (REPO_ROOT / lab).is_file():
+        lab = REPO_ROOT / lab
+    return f"{env}uv run python {lab} --resume {run_id}{' ' + changes if changes else ''}"
+
+
+def resumable(run) -> Checkpoint | None:
+    """The newest whole checkpoint of an interrupted run, where its folder is on this machine."""
+    folder = run.data.tags.get("output_dir")
+    if run.info.status == "FINISHED" or not folder or run.data.tags.get("run_kind", "train") != "train":
+        return None
+    return latest(Path(folder))
+
+
+def resume_hint(run) -> str:
+    """ "Resume it from checkpoint-N (step N): <command>", or "" when the run left none."""
+    checkpoint = resumable(run)
+    if checkpoint is None:
+        return ""
+    chapter = run.data.tags.get("chapter", "")
+    return f"Resume it from {checkpoint.name} (step {checkpoint.step}): {command(chapter, run.info.run_id)}"

@@ -389,7 +389,7 @@ def end_dead_run(client, run) -> str:
     )
     if tags.get("mlflow.note.content"):
         note += f"\n\nIts description before: {tags['mlflow.note.content']}"
-    from grpolab.resume import resume_hint
+    from grpolab.checkpoints import resume_hint
 
     again = resume_hint(run)  # a checkpoint it saved before it died
     note += f"\n\n{again}" if again else ""

@@ -21,7 +21,6 @@ LoRA shape. A half-written newest checkpoint is skipped with a word, and the one
 from __future__ import annotations
 
 import json
-import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,6 @@ from typing import Any
 from budgets.vocabulary import flag, flag_text
 from grpolab.checkpoints import Checkpoint, adapter_config, checkpoints
 from grpolab.errors import LabSettingsError
-from grpolab.paths import REPO_ROOT
 from grpolab.settings import FIELDS, FLAGS, LabSettings, lab_settings
 
 # Settings a resumed run may change: none of them changes what is trained, only what is measured,
@@ -242,39 +240,6 @@ def _check_checkpoint(checkpoint: Checkpoint, settings: LabSettings) -> None:
             f"resume: {checkpoint.path} holds another LoRA shape ({'; '.join(differ)}): it is not this run's "
             "checkpoint; remove it, or resume the run that wrote it"
         )
-
-
-def command(chapter: str, run_id: str, changes: str = "") -> str:
-    """The exact command that resumes a run (with the store, when it is not the default)."""
-    import os
-
-    from grpolab.paths import DEFAULT_DB
-
-    uri = os.environ.get("MLFLOW_TRACKING_URI")
-    env = f"MLFLOW_TRACKING_URI={shlex.quote(uri)} " if uri and uri != f"sqlite:///{DEFAULT_DB}" else ""
-    lab = Path("labs") / chapter / "train.py"
-    if not (REPO_ROOT / lab).is_file():
-        lab = REPO_ROOT / lab
-    return f"{env}uv run python {lab} --resume {run_id}{' ' + changes if changes else ''}"
-
-
-def resumable(run) -> Checkpoint | None:
-    """The newest whole checkpoint of an interrupted run, where its folder is on this machine."""
-    from grpolab.checkpoints import latest
-
-    folder = run.data.tags.get("output_dir")
-    if run.info.status == "FINISHED" or not folder or run.data.tags.get("run_kind", "train") != "train":
-        return None
-    return latest(Path(folder))
-
-
-def resume_hint(run) -> str:
-    """ "Resume it from checkpoint-N (step N): <command>", or "" when the run left none."""
-    checkpoint = resumable(run)
-    if checkpoint is None:
-        return ""
-    chapter = run.data.tags.get("chapter", "")
-    return f"Resume it from {checkpoint.name} (step {checkpoint.step}): {command(chapter, run.info.run_id)}"
 
 
 def history_text(resumes: list[dict[str, Any]]) -> str:

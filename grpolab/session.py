@@ -284,7 +284,7 @@ def _resume_line(run: Run, checkpoint, oom: bool = False) -> str:
     """The command that resumes the run from `checkpoint`, as a sentence ("" without one). After an
     out-of-memory, with the settings a resume may change that give it more room, when there are any."""
     from budgets import advice
-    from grpolab import resume
+    from grpolab import checkpoints, resume
 
     if checkpoint is None or run.mlflow_run is None:
         return ""
@@ -295,7 +295,7 @@ def _resume_line(run: Run, checkpoint, oom: bool = False) -> str:
         line = mlflow.get_run(run.mlflow_run.info.run_id).data.tags.get("oom_line", "")
         changes = advice.for_line(line, run.sheet.inputs, resume.NEUTRAL) if line else ""
         changes = changes if changes.startswith(("lower", "raise", "set")) else ""
-    command = resume.command(run.settings.chapter, run.mlflow_run.info.run_id)
+    command = checkpoints.command(run.settings.chapter, run.mlflow_run.info.run_id)
     text = f"Resume it from {checkpoint.name} (step {checkpoint.step}): {command}"
     return text + (f" (with more room: {changes})" if changes else "")
 

@@ -53,6 +53,19 @@ RUN_ELSEWHERE = {
         "tests/conftest.py",
         '["--task", "countdown", "--max-steps", "2", *quick]',
     ),
+    # Resuming: the stopped runs of the wave resumed as the README says, and the run id a refusal names.
+    "uv run python labs/grpo-first/train.py --resume last": (
+        "tests/test_run_resume.py",
+        'README_RESUME = ["uv", "run", "python", "labs/grpo-first/train.py", "--resume", "last"]',
+    ),
+    "uv run python labs/grpo-first/train.py --resume <run id>": (
+        "tests/test_run_resume.py",
+        '["--resume", run.info.run_id]',
+    ),
+    "uv run python -m grpolab runs": (
+        "tests/test_run_resume.py",
+        'README_RUNS = ["uv", "run", "python", "-m", "grpolab", "runs"]',
+    ),
     "uv run python -m grpolab runs --reconcile": (
         "tests/test_run_endings.py",
         '["uv", "run", "python", "-m", "grpolab", "runs", "--reconcile"]',

@@ -299,3 +299,74 @@ def test_changes_that_leave_the_training_alone_are_allowed_and_kept(store, tmp_p
     assert (settings.eval_prompts, settings.save_steps) == (8, 5)
     assert found.changed == {"eval_prompts": ("32", "8"), "save_steps": ("50", "5")}
     assert settings.num_generations == lab_settings(LAB_DIR, "cpu").num_generations
+
+
+# --- a step ends whole ----------------------------------------------------------------------------
+def test_a_signal_during_a_steps_bookkeeping_lands_when_the_next_step_begins():
+    from types import SimpleNamespace
+
+    from grpolab import endings
+    from grpolab.step_boundary import StepBoundary, rng_states
+
+    boundary, state = StepBoundary(), SimpleNamespace(global_step=3)
+    with endings.catching_signals():
+        boundary.on_step_begin(None, state, None)  # nothing held: nothing to deliver
+        boundary.on_pre_optimizer_step(None, state, None)
+        os.kill(os.getpid(), signal.SIGTERM)  # mid-update: held
+        state.global_step = 4
+        boundary.on_step_end(None, state, None)  # the counter, then the logs and a checkpoint: still held
+        assert boundary.step_ended == 4
+        assert boundary.rng_at_step_end["cpu"].equal(rng_states()["cpu"])
+        with pytest.raises(endings.Interrupted) as stop:
+            boundary.on_step_begin(None, state, None)
+    assert stop.value.signum == signal.SIGTERM
+    # An error inside the window drops what was held: the error ends the run, not the signal.
+    with endings.catching_signals():
+        boundary.on_pre_optimizer_step(None, state, None)
+        os.kill(os.getpid(), signal.SIGTERM)
+        boundary.close()
+        boundary.on_step_begin(None, state, None)  # nothing left to deliver
+
+
+def test_the_stopped_checkpoint_takes_the_rng_states_of_the_step_it_holds(tmp_path):
+    """save_stopped on a real transformers Trainer and a PEFT LoRA model: checkpoint-k, whole, with the
+    RNG states as step k ended (not as the interrupted step k+1 left them), not saved twice."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import Trainer, TrainingArguments
+
+    from grpolab.checkpoints import checkpoints
+    from grpolab.step_boundary import StepBoundary, save_stopped
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Linear(2, 1)
+
+        def forward(self, x, labels=None):
+            return {"loss": ((self.w(x).squeeze(-1) - labels) ** 2).mean()}
+
+    rows = [{"x": [float(i), 1.0], "labels": float(i % 3)} for i in range(16)]
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=3,
+        per_device_train_batch_size=4,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        logging_strategy="no",
+    )
+    model = get_peft_model(Tiny(), LoraConfig(r=2, lora_alpha=2, target_modules=["w"]))
+    trainer = Trainer(model=model, args=args, train_dataset=rows)
+    boundary = StepBoundary()
+    trainer.add_callback(boundary)
+    trainer.train()
+    assert save_stopped(trainer, boundary).name == "checkpoint-3"
+    torch.rand(100)  # the interrupted step drew on: the checkpoint must not keep that
+    saved = torch.load(tmp_path / "checkpoint-3" / "rng_state.pth", weights_only=False)
+    assert saved["cpu"].equal(boundary.rng_at_step_end["cpu"])
+    whole, partial = checkpoints(tmp_path)
+    assert [c.name for c in whole] == ["checkpoint-3"] and not partial
+    stamp = (tmp_path / "checkpoint-3" / "trainer_state.json").stat().st_mtime_ns
+    assert save_stopped(trainer, boundary).name == "checkpoint-3"  # already whole: not written again
+    assert (tmp_path / "checkpoint-3" / "trainer_state.json").stat().st_mtime_ns == stamp
