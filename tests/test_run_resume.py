@@ -109,6 +109,9 @@ def test_a_resumed_run_trains_on_to_the_adapter_of_a_run_never_stopped(resumed, 
         note
     )
     assert f"Resuming run {after.info.run_id} " in result.stdout
+    if name == "resume-SIGKILL":  # the resume first ended the dead run, offering the resume it then did
+        assert f"Ended run {after.info.run_name} ({after.info.run_id}) KILLED" in result.stdout
+        assert "  Resume it from checkpoint-" in result.stdout
     # One point per step, from the first to the last: none twice (the steps trained again after the
     # checkpoint are not logged again), none missing.
     for key in ("loss", "reward", "memory/step_peak_gib"):
@@ -370,3 +373,44 @@ def test_the_stopped_checkpoint_takes_the_rng_states_of_the_step_it_holds(tmp_pa
     stamp = (tmp_path / "checkpoint-3" / "trainer_state.json").stat().st_mtime_ns
     assert save_stopped(trainer, boundary).name == "checkpoint-3"  # already whole: not written again
     assert (tmp_path / "checkpoint-3" / "trainer_state.json").stat().st_mtime_ns == stamp
+
+
+def test_a_resumed_meter_reads_the_steps_before_its_checkpoint_and_logs_none_twice(monkeypatch):
+    """The doctor reads the whole history (the checkpoint's trainer state carries the rows before it);
+    steps the first process already logged are not sent to MLflow again."""
+    from types import SimpleNamespace
+
+    from grpolab.meter import Meter
+
+    rows = [{"loss": 0.1 * s, "reward": 0.05 * s, "epoch": 0.01 * s, "step": s} for s in (1, 2, 3)]
+    state = SimpleNamespace(global_step=3, log_history=[*rows, {"train_runtime": 9.0, "step": 3}])
+    meter = Meter(SimpleNamespace(), sheet=None)
+    meter.on_train_begin(None, state, None)
+    assert [row["step"] for row in meter.history] == [1, 2, 3]
+    logged = []
+    monkeypatch.setattr("mlflow.log_metrics", lambda metrics, step=None: logged.append(step))
+    meter.logged_through = 4  # the first process logged step 4 after its checkpoint at 3, then died
+    for step in (4, 5):
+        meter.on_log(None, SimpleNamespace(global_step=step), None, logs={"loss": 0.5, "reward": 0.2})
+    assert logged == [5] and [row["step"] for row in meter.history] == [1, 2, 3, 4, 5]
+
+
+def test_after_an_out_of_memory_the_resume_names_only_what_a_resume_may_change(tmp_path, monkeypatch):
+    """The printed command after an out-of-memory: the run's resume, with advice restricted to the
+    settings a resume may change (vLLM's share, standby), never the group or the lengths."""
+    from types import SimpleNamespace
+
+    from budgets import compute
+    from grpolab.checkpoints import Checkpoint
+    from grpolab.session import _resume_line
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    settings = lab_settings(LAB_DIR, "gpu")
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with mlflow.start_run() as active:
+        mlflow.set_tag("oom_line", "kv_cache")
+        run = SimpleNamespace(mlflow_run=active, settings=settings, sheet=compute(settings.plan()))
+        line = _resume_line(run, Checkpoint(tmp_path / "checkpoint-7", 7), oom=True)
+    assert line.startswith("Resume it from checkpoint-7 (step 7): MLFLOW_TRACKING_URI=")
+    assert f"uv run python labs/grpo-first/train.py --resume {active.info.run_id} (with more room: " in line
+    assert "--gpu-memory-utilization" in line and "--num-generations" not in line, line
