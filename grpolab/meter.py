@@ -31,9 +31,10 @@ class Meter(TrainerCallback):
         self._decode: list[tuple[int, float]] = []  # (completion tokens, seconds) per generation
         self.step_generation_seconds: list[float] = []  # perf/generation_seconds, as logged at each step
         self.vllm_log: list[str] = []  # vLLM's start-up lines, captured while the policy loads (GPU)
-        # A resumed run: the last step its first process logged. The steps after its checkpoint are
-        # trained again but not logged again (MLflow cannot remove a point): one point per step.
-        self.logged_through = 0
+        # A resumed run: the last step its first process logged at a step's end and in the trainer's
+        # logs. The steps after its checkpoint are trained again but not logged again (MLflow cannot
+        # remove a point): one point per step.
+        self.logged_through = (0, 0)
 
     # --- attaching ------------------------------------------------------------------------------
     def attach(self, trainer) -> None:
@@ -85,7 +86,7 @@ class Meter(TrainerCallback):
         if speed:
             self.step_generation_seconds.append(speed["perf/generation_seconds"])
         metrics.update(speed)
-        if state.global_step > self.logged_through:
+        if state.global_step > self.logged_through[0]:
             mlflow.log_metrics(metrics, step=state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -94,7 +95,7 @@ class Meter(TrainerCallback):
         metrics = numeric(logs or {})
         if metrics:
             self.history.append({"step": state.global_step, **metrics})
-            if state.global_step > self.logged_through:
+            if state.global_step > self.logged_through[1]:
                 mlflow.log_metrics(metrics, step=state.global_step)
 
     # --- what was measured ----------------------------------------------------------------------

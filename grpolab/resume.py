@@ -73,11 +73,14 @@ class Resume:
     def profile(self) -> str:
         return self.tags.get("profile") or self.params.get("profile", "")
 
-    def logged_steps(self, client) -> int:
-        """The last step the run logged (its steps after the checkpoint are trained again, not logged
-        again: a metric point in MLflow cannot be removed)."""
-        history = client.get_metric_history(self.run_id, "memory/step_peak_gib")
-        return max((p.step for p in history), default=0)
+    def logged_steps(self, client) -> tuple[int, int]:
+        """The last step the run logged at a step's end (its peak) and in the trainer's logs (the loss):
+        its steps after the checkpoint are trained again, not logged again (a metric point in MLflow
+        cannot be removed). Two figures: a process killed between the two logged one and not the other."""
+        return tuple(
+            max((p.step for p in client.get_metric_history(self.run_id, key)), default=0)
+            for key in ("memory/step_peak_gib", "loss")
+        )
 
     def settings(self, lab_dir: Path, overrides: dict[str, Any]) -> LabSettings:
         """The run's logged settings with what the command line changed; a change that would change
@@ -115,7 +118,8 @@ class Resume:
             "at": time.strftime("%Y-%m-%d %H:%M:%S"),
             "from_step": self.checkpoint.step,
             "checkpoint": self.checkpoint.name,
-            "after": self.tags.get("ending", self.run.info.status),
+            "after": self.tags.get("ending")
+            or ("process died" if self.run.info.status == "RUNNING" else self.run.info.status),
             "changed": {name: f"{old} -> {new}" for name, (old, new) in self.changed.items()},
             "skipped": self.skipped,
         }

@@ -44,7 +44,15 @@ class Run:
         run's at the step it reached, beside the first process's."""
         if self.resume is None:
             return 0
-        return self.trainer.state.global_step if self.trainer is not None else self.resume.checkpoint.step
+        return max(self.trainer.state.global_step if self.trainer else 0, self.resume.checkpoint.step)
+
+    @property
+    def trained_past_checkpoint(self) -> bool:
+        """Whether the adapter in memory is this run's latest: a resumed run stopped before its
+        checkpoint was loaded holds a fresh adapter, which must not replace the one it saved before."""
+        if self.trainer is None:
+            return False
+        return self.resume is None or self.trainer.state.global_step >= self.resume.checkpoint.step
 
     @property
     def task(self):

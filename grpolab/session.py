@@ -41,6 +41,10 @@ def run_lab(lab_dir: Path, train: Callable[[Run], None], argv: list[str] | None 
     args = parser(doc.split("\n\n")[0] if doc else "").parse_args(argv)
     from grpolab import cuda_env, endings, store, tracking
 
+    if args.budget_only and args.resume is not None:
+        return _refuse(
+            LabSettingsError("resume: --budget-only trains nothing: drop --resume, or --budget-only")
+        )
     if args.budget_only:  # the sheet alone: no store, no model, nothing written
         try:
             print(budget_only(lab_dir, args))
@@ -313,6 +317,10 @@ def _save_adapter(run: Run) -> None:
     from grpolab import endings
     from grpolab.atomic import save_pretrained_atomically
 
+    if not run.trained_past_checkpoint:  # a resumed run stopped before its checkpoint loaded
+        saved = run.output_dir / "adapter"
+        run.adapter_dir = saved if (saved / "adapter_config.json").is_file() else None
+        return
     if run.trainer is not None:
         try:
             run.adapter_dir = save_pretrained_atomically(

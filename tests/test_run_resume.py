@@ -389,7 +389,7 @@ def test_a_resumed_meter_reads_the_steps_before_its_checkpoint_and_logs_none_twi
     assert [row["step"] for row in meter.history] == [1, 2, 3]
     logged = []
     monkeypatch.setattr("mlflow.log_metrics", lambda metrics, step=None: logged.append(step))
-    meter.logged_through = 4  # the first process logged step 4 after its checkpoint at 3, then died
+    meter.logged_through = (4, 4)  # the first process logged step 4 after its checkpoint at 3, then died
     for step in (4, 5):
         meter.on_log(None, SimpleNamespace(global_step=step), None, logs={"loss": 0.5, "reward": 0.2})
     assert logged == [5] and [row["step"] for row in meter.history] == [1, 2, 3, 4, 5]
