@@ -71,18 +71,24 @@ class Run:
         """Train, with every generation and training pass measured; logs what really trains."""
         import mlflow
 
-        from grpolab import tracking
+        from grpolab import completions, console, tracking
 
         self.trainer = trainer
         self.meter.attach(trainer)
+        console.use_step_lines(trainer, self.meter)  # one compact line per step under the bar
+        trainer.add_callback(completions.CompletionLog(trainer))  # what it wrote, as traces
         tracking.log_trainer_args(trainer.args)
         mlflow.set_tag("trainer_class", type(trainer).__name__)
         self.evaluate("base", step=0)  # the adapter starts at zero: this is the base model
-        with self.meter.probe.phase("train"):
-            trainer.train()
+        try:
+            with self.meter.probe.phase("train"):
+                trainer.train()
+        finally:
+            completions.flush()  # the steps' traces are in the store whatever ends the run
 
     def evaluate(self, which: str, step: int) -> None:
         """Held-out accuracy, format rate and length of `which` ("base" or "adapter"), logged as eval/*."""
+        from grpolab import completions
         from grpolab.evaluate import evaluate, log_eval
 
         if self.settings.eval_prompts == 0 or self.trainer is None:
@@ -91,3 +97,6 @@ class Run:
             result = evaluate(self.trainer.model, self.tokenizer, self.settings, which, self.adapter_dir)
         self.evals[which] = result
         log_eval(result, step)
+        if which == "adapter":  # both have answered: their completions side by side
+            completions.log_eval(self.settings, self.evals.get("base"), result)
+            completions.flush()

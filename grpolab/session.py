@@ -38,7 +38,9 @@ __all__ = ["Run", "parser", "prepare", "prompts", "records_memory_history", "run
 def run_lab(lab_dir: Path, train: Callable[[Run], None], argv: list[str] | None = None, doc: str = "") -> int:
     """Parse, check, budget, run `train` inside a measured MLflow run; returns the exit code."""
     args = parser(doc.split("\n\n")[0] if doc else "").parse_args(argv)
-    from grpolab import cuda_env, endings, store, tracking
+    from grpolab import console, cuda_env, endings, store, tracking
+
+    console.quiet_library_noise()  # before Unsloth's import: its and torch's warnings about themselves
 
     if args.budget_only:  # the sheet alone: no store, no model, nothing written
         try:
