@@ -144,7 +144,9 @@ def log_eval(result, step: int) -> None:
     side by side with the other's in the run's metrics)."""
     import mlflow
 
-    mlflow.log_metrics(result.metrics(), step=step)
+    from grpolab import tracking
+
+    mlflow.log_metrics(result.metrics() | tracking.glance(result.metrics()), step=step)
     mlflow.log_metrics(
         {f"eval/{result.which}_{k.removeprefix('eval/')}": v for k, v in result.metrics().items()}
     )

@@ -81,7 +81,7 @@ def log_out_of_memory(run, error: BaseException, flags: Collection[str]) -> str:
 
     import mlflow
 
-    from grpolab import comparison, run_result
+    from grpolab import comparison, run_result, tracking
 
     probe = run.meter.probe
     phase = probe.failed_phase or probe.current_phase
@@ -90,7 +90,13 @@ def log_out_of_memory(run, error: BaseException, flags: Collection[str]) -> str:
     advice = next_step(line, run.sheet.inputs, flags)
     peak_gib = probe.process_peak_bytes / GIB
     mlflow.log_metrics({**probe.summary(), "oom/peak_gib": peak_gib})
-    mlflow.log_metrics({f"{name}/measured": c.measured[name] / GIB for name in c.paired})
+    unit = tracking.memory_unit(run.device.on_gpu)
+    mlflow.log_metrics(
+        {
+            tracking.memory_key(n, "measured", unit): c.measured[n] / tracking.MEMORY_UNITS[unit]
+            for n in c.paired
+        }
+    )
     mlflow.set_tags(
         {
             "oom_phase": phase,

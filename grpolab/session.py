@@ -142,7 +142,7 @@ def session(
                 from grpolab.cuda_env import allocator_settings
 
                 mlflow.set_tag("cuda_allocator_settings", allocator_settings())
-            tracking.log_sheet(sheet)
+            tracking.log_sheet(sheet, tracking.memory_unit(device.on_gpu))
             try:
                 yield run
             except KeyboardInterrupt as stop:
@@ -229,21 +229,21 @@ def _doctor(run: Run) -> str:
 
 
 def _log_measurement(run: Run, status: str, doctor: str = "", ending: str = "finished") -> None:
-    from grpolab import comparison, tracking
+    from grpolab import comparison, overview, tracking
     from grpolab.probe import MEMORY_LABELS
 
     meter = run.meter
     run.comparison = c = comparison.compare(
         run.sheet, meter.lines(), meter.probe.process_peak_bytes, run.device.on_gpu
     )
-    note = c.verdict() + ("" if status == "FINISHED" else f" (run ended {status}: figures so far)")
-    note += f"\n\n{doctor}" if doctor else ""
     figure = comparison.chart(c, meter.step_peaks, run.sheet.total_bytes)
+    # The Overview: chart, verdict, per-line table, doctor, held-out (grpolab.overview).
+    note = overview.description(run.mlflow_run.info.run_id, c, doctor, run.evals, status, figure is not None)
     extra = meter.probe.summary()
     if run.device.on_gpu:
         # The phases standby changes, budget beside measured, and vLLM's own start-up figures.
         extra |= comparison.phase_pairs(run.sheet, meter.probe.step_phase_peaks)
         ledger = meter.vllm_ledger()
         extra |= ledger.metrics() if ledger is not None else {}
-    tracking.log_comparison(c, figure, extra, MEMORY_LABELS, note)
+    tracking.log_comparison(c, figure, extra, MEMORY_LABELS, note, tracking.memory_unit(run.device.on_gpu))
     run_result.write(run, status, c, ending=ending)
