@@ -2,16 +2,18 @@
 and the held-out prompts answered by the base and by the adapter, side by side.
 
 Reading completions is how a broken reward, a length cap that cuts every answer or a hack shows up;
-TRL's own `log_completions` sends them to W&B and Trackio only. Here every completion is an MLflow
-trace of the run (its Traces tab): the prompt as the request, the completion as the response, and each
-reward and the advantage as assessments (one column each, with its average and a histogram). Tags say
-which step and which group a completion belongs to, so a group reads as a whole: every completion of
-a group is logged, never a sample of one (a group is what its advantages are measured against).
+TRL's own `log_completions` sends them to W&B and Trackio only. Here each logged group is an MLflow
+trace of the run (its Traces tab): the prompt as the request, every completion of the group with each
+reward and its advantage as the response, each reward's group mean as an assessment (a column each,
+with its average and a histogram), and a span per completion carrying its own rewards and advantage
+as assessments. Tags say which step and group. A group is logged whole, never a sample of one: it is
+what its advantages are measured against.
 
 Where they come from: TRL's GRPOTrainer (and Unsloth's generated trainer, which keeps this code) fills
 `trainer._logs` in `_generate_and_score_completions` with the last generation batch's prompts,
 completions, rewards per function and advantages, whatever `log_completions` says; this callback reads
-it when the trainer logs a step. The same code path serves vLLM's completions on a GPU and
+it when the trainer logs a step. A group is one trace (its completions are its spans), so a step costs
+one trace write, not one per completion. The same code path serves vLLM's completions on a GPU and
 transformers' on the CPU. Traces are exported by MLflow's background thread (its async trace logging),
 so a step pays for building them, not for writing them; the time it takes is logged per step as
 `perf/completions_logging_seconds`.
@@ -65,25 +67,66 @@ def groups(logs: dict[str, Any], group_size: int, max_groups: int) -> list[list[
 
 
 def log_trace(
-    name: str, request: dict, response: Any, feedback: dict[str, float], tags: dict[str, str]
+    name: str,
+    request: dict,
+    response: Any,
+    feedback: dict[str, float],
+    tags: dict[str, str],
+    children: Sequence[tuple[str, dict, Any, dict[str, float]]] = (),
 ) -> None:
-    """One trace of the active run: request, response, and each value of `feedback` as an assessment.
-    Assessments logged while the trace is open travel with it (one write per trace, by MLflow's
-    exporter), instead of one write each afterwards."""
+    """One trace of the active run: its request, response and `feedback` (each value an assessment),
+    and a child span per entry of `children` (name, inputs, outputs, its own assessments).
+
+    Everything is attached while the trace is open, so MLflow's exporter writes it once, from its own
+    thread (a trace per completion, each written apart, cost about 75 ms of a loaded 2-core machine's
+    CPU each: more than a CPU step; one trace per group costs about as much as one of them)."""
     import mlflow
     from mlflow.entities import AssessmentSource
 
     source = AssessmentSource(source_type="CODE", source_id=SOURCE_ID)
-    with mlflow.start_span(name=name, span_type="LLM") as span:
-        span.set_inputs(request)
-        span.set_outputs(response)
+    with mlflow.start_span(name=name, span_type="CHAIN") as root:
+        root.set_inputs(request)
         mlflow.update_current_trace(tags=tags)
         for key, value in feedback.items():
-            mlflow.log_feedback(trace_id=span.trace_id, name=key, value=value, source=source)
+            mlflow.log_feedback(trace_id=root.trace_id, name=key, value=value, source=source)
+        for child_name, inputs, outputs, child_feedback in children:
+            with mlflow.start_span(name=child_name, span_type="LLM") as span:
+                span.set_inputs(inputs)
+                span.set_outputs(outputs)
+            for key, value in child_feedback.items():
+                mlflow.log_feedback(
+                    trace_id=root.trace_id, name=key, value=value, source=source, span_id=span.span_id
+                )
+        root.set_outputs(response)
+
+
+def group_trace(step: int, g: int, rows: list[dict[str, Any]]) -> None:
+    """A group as one trace: the prompt; every completion with each reward and its advantage (the
+    response, and a span each with its own assessments); each reward's group mean as the trace's."""
+    names = list(rows[0]["rewards"])
+    log_trace(
+        f"step {step} group {g}",
+        {"prompt": rows[0]["prompt"]},
+        [
+            {"completion": r["completion"], **r["rewards"], "advantage": round(r["advantage"], 4)}
+            for r in rows
+        ],
+        {name: sum(r["rewards"][name] for r in rows) / len(rows) for name in names},
+        {"kind": "train", "step": str(step), "group": str(g)},
+        [
+            (
+                f"completion {i}",
+                {"prompt": r["prompt"]},
+                r["completion"],
+                {**r["rewards"], "advantage": r["advantage"]},
+            )
+            for i, r in enumerate(rows)
+        ],
+    )
 
 
 class CompletionLog(TrainerCallback):
-    """Each logged step's completions as traces of the run (whole groups, `GROUPS_PER_STEP` of them)."""
+    """Each logged step's groups as traces of the run (whole groups, `GROUPS_PER_STEP` of them)."""
 
     def __init__(self, trainer, max_groups: int = GROUPS_PER_STEP) -> None:
         self.trainer = trainer
@@ -100,22 +143,16 @@ class CompletionLog(TrainerCallback):
         started = time.perf_counter()
         self.logged_step = state.global_step
         for g, rows in enumerate(groups(self.trainer._logs, self.trainer.num_generations, self.max_groups)):
-            for i, row in enumerate(rows):
-                log_trace(
-                    f"step {state.global_step} group {g} completion {i}",
-                    {"prompt": row["prompt"]},
-                    row["completion"],
-                    {**row["rewards"], "advantage": row["advantage"]},
-                    {"kind": "train", "step": str(state.global_step), "group": str(g), "completion": str(i)},
-                )
+            group_trace(state.global_step, g, rows)
         seconds = time.perf_counter() - started
         self.seconds.append(seconds)
         mlflow.log_metric("perf/completions_logging_seconds", seconds, step=state.global_step)
 
 
 def log_eval(settings, base, adapter) -> None:
-    """The held-out prompts answered by the base and the adapter, side by side: a trace per prompt
-    (`base_<reward>`, `adapter_<reward>` assessments) and the table `completions/held_out.json`."""
+    """The held-out prompts answered by the base and the adapter, side by side: the table
+    `completions/held_out.json`, and one trace (`kind = held-out`) with a span per prompt whose
+    assessments are `base_<reward>` and `adapter_<reward>`, each reward's mean on the trace."""
     import mlflow
 
     from grpolab.evaluate import eval_rows
@@ -130,14 +167,23 @@ def log_eval(settings, base, adapter) -> None:
         for name, values in result.rewards.items():
             table[f"{which}_{name}"] = list(values)
     mlflow.log_table(table, artifact_file="completions/held_out.json")
-    for i, prompt in enumerate(table["prompt"]):
-        log_trace(
-            f"held-out {i}",
-            {"prompt": prompt},
-            {which: table[f"{which}_completion"][i] for which in results},
-            {k: v[i] for k, v in table.items() if k not in ("prompt",) and not k.endswith("_completion")},
-            {"kind": "held-out", "prompt_index": str(i)},
-        )
+    scores = [k for k in table if k != "prompt" and not k.endswith("_completion")]
+    log_trace(
+        "held-out: " + " vs ".join(results),
+        {"prompts": len(table["prompt"])},
+        {which: r.line() for which, r in results.items()},
+        {k: sum(table[k]) / len(table[k]) for k in scores},
+        {"kind": "held-out"},
+        [
+            (
+                f"held-out {i}",
+                {"prompt": prompt},
+                {which: table[f"{which}_completion"][i] for which in results},
+                {k: table[k][i] for k in scores},
+            )
+            for i, prompt in enumerate(table["prompt"])
+        ],
+    )
 
 
 def flush() -> None:

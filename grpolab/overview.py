@@ -1,7 +1,7 @@
 """The run's Overview in MLflow: its description, in Markdown, tells what the run found.
 
-In order: the budget-vs-measured chart (an image of the run's own artifact, which MLflow's Markdown
-renders from a relative `get-artifact` link), the one-line verdict, the table of the total and each
+In order: the one-line verdict, the budget-vs-measured chart (an image of the run's own artifact,
+which MLflow's Markdown renders from a relative `get-artifact` link), the table of the total and each
 line (budget, measured, difference, how measured), the run doctor's findings, the held-out evaluation
 before and after, and where the completions are. Nothing here talks to MLflow: the harness logs it
 as the run's description (tag `mlflow.note.content`).
@@ -62,17 +62,20 @@ def held_out_table(evals: Mapping) -> str:
 def description(
     run_id: str, c: Comparison, doctor: str, evals: Mapping, status: str = "FINISHED", chart: bool = True
 ) -> str:
-    """The run's description: chart, verdict, table, doctor, held-out, where the completions are."""
+    """The run's description: verdict, chart, table, doctor, held-out, where the completions are."""
     verdict = c.verdict() + ("" if status == "FINISHED" else f" (run ended {status}: figures so far)")
-    parts = [chart_link(run_id)] if chart else []
+    # The verdict before the chart: MLflow 3.17 folds a description to its first 100 pixels until
+    # "Show more" is clicked, and the sentence (the total's budget beside its measured peak) fits them.
+    parts = [f"**{verdict}**"]
+    parts += [chart_link(run_id)] if chart else []
     parts += [
-        f"**{verdict}**",
         line_table(c),
         f"Full table with each line's formula: `{TABLE}`.",
         doctor,
         held_out_table(evals),
-        "What the model wrote: the **Traces** tab, one trace per completion (every completion of a "
-        "logged step's groups), each reward and the advantage as assessments; the held-out prompts "
-        f"answered by base and adapter side by side: traces tagged `kind = held-out` and `{HELD_OUT}`.",
+        "What the model wrote: the **Traces** tab, one trace per group of a logged step (its prompt, every "
+        "completion with each reward and its advantage; each reward's group mean as an assessment, and a "
+        "span per completion with its own); the held-out prompts answered by base and adapter side by "
+        f"side: the trace tagged `kind = held-out` and `{HELD_OUT}`.",
     ]
     return "\n\n".join(p for p in parts if p)

@@ -63,7 +63,7 @@ def test_whole_groups_are_read_with_each_reward_and_advantage_and_a_partial_grou
     }
 
 
-def test_each_completion_of_a_logged_step_is_a_trace_of_the_run_with_its_rewards_as_assessments(store):
+def test_each_logged_group_is_a_trace_of_the_run_with_its_rewards_and_advantages(store):
     trainer = SimpleNamespace(_logs=trainer_logs(groups=3, size=4), num_generations=4)
     callback = completions.CompletionLog(trainer, max_groups=2)
     state = SimpleNamespace(global_step=7)
@@ -74,13 +74,17 @@ def test_each_completion_of_a_logged_step_is_a_trace_of_the_run_with_its_rewards
     traces = mlflow.search_traces(
         locations=[run.info.experiment_id], run_id=run.info.run_id, return_type="list", max_results=100
     )
-    assert len(traces) == 8  # two whole groups of four
-    by_name = {t.info.tags["mlflow.traceName"]: t for t in traces}
-    trace = by_name["step 7 group 1 completion 1"]
-    assert (trace.info.tags["step"], trace.info.tags["group"], trace.info.tags["kind"]) == ("7", "1", "train")
-    assessments = {a.name: a.value for a in trace.info.assessments}
-    assert assessments == {"correctness_reward": 1.0, "format_reward": 0.2, "advantage": pytest.approx(0.75)}
-    assert "1 + 1?" in trace.data.request and "<ans>2</ans>" in trace.data.response
+    assert sorted(t.info.tags["mlflow.traceName"] for t in traces) == ["step 7 group 0", "step 7 group 1"]
+    (trace,) = [t for t in traces if t.info.tags["group"] == "1"]
+    assert (trace.info.tags["step"], trace.info.tags["kind"]) == ("7", "train")
+    assert "1 + 1?" in trace.data.request and '"completion": "<ans>2</ans>"' in trace.data.response
+    # The group's means on the trace (the Traces tab's columns); each completion's own on its span.
+    on_trace = {a.name: a.value for a in trace.info.assessments if a.span_id is None}
+    assert on_trace == {"correctness_reward": 0.25, "format_reward": pytest.approx(0.2)}
+    spans = {s.span_id: s.name for s in trace.data.spans}
+    second = {a.name: a.value for a in trace.info.assessments if spans.get(a.span_id) == "completion 1"}
+    assert second == {"correctness_reward": 1.0, "format_reward": 0.2, "advantage": pytest.approx(0.75)}
+    assert len([s for s in trace.data.spans if s.name.startswith("completion ")]) == 4
     seconds = mlflow.MlflowClient().get_metric_history(run.info.run_id, "perf/completions_logging_seconds")
     assert [m.step for m in seconds] == [7] and seconds[0].value > 0
 
@@ -102,36 +106,35 @@ def test_held_out_completions_of_base_and_adapter_side_by_side(store):
         "y",
         "z",
     ]
-    traces = mlflow.search_traces(
+    (trace,) = mlflow.search_traces(
         locations=[run.info.experiment_id], run_id=run.info.run_id, return_type="list"
     )
-    (third,) = [t for t in traces if t.info.tags["mlflow.traceName"] == "held-out 2"]
-    assert {a.name: a.value for a in third.info.assessments} == {
+    assert trace.info.tags["kind"] == "held-out"
+    (third,) = [s for s in trace.data.spans if s.name == "held-out 2"]
+    assert third.outputs == {"base": "c", "adapter": "z"}
+    assert {a.name: a.value for a in trace.info.assessments if a.span_id == third.span_id} == {
         "base_format_reward": 0.0,
         "adapter_format_reward": 0.0,
     }
-    assert '"base": "c"' in third.data.response and '"adapter": "z"' in third.data.response
 
 
-def test_the_overview_opens_with_the_chart_then_the_verdict_the_total_and_each_line():
+def test_the_overview_opens_with_the_verdict_then_the_chart_the_total_and_each_line():
     c = comparison()
     before = EvalResult("base", 32, 0.0, 0.5, 6.0)
     after = EvalResult("adapter", 32, 0.125, 1.0, 5.5)
     text = overview.description(
         "abc123", c, "Run doctor: nothing held learning back.", {"base": before, "adapter": after}
     )
-    assert text.startswith(
+    assert text.startswith("**The budget did not hold: measured peak 500.00 MiB vs budgeted 450.00 MiB")
+    chart = text.index(
         "![Budget vs measured](get-artifact?path=memory%2Fbudget_vs_measured.png&run_uuid=abc123)"
     )
-    verdict, table = (
-        text.index("**The budget did not hold"),
-        text.index("| **total (peak)** | 450.00 MiB | 500.00 MiB |"),
-    )
-    assert verdict < table < text.index("| base_weights | 100.00 MiB | 110.00 MiB | +10.00 MiB |")
+    table = text.index("| **total (peak)** | 450.00 MiB | 500.00 MiB |")
+    assert chart < table < text.index("| base_weights | 100.00 MiB | 110.00 MiB | +10.00 MiB |")
     assert "| train_activations | 80.00 MiB | not measured |" in text
     assert text.index("Run doctor:") < text.index("| accuracy | 0.0% | 12.5% |")
     assert "**Traces** tab" in text
-    assert not overview.description("abc", c, "", {}, chart=False).startswith("![")
+    assert "![" not in overview.description("abc", c, "", {}, chart=False)
 
 
 def test_memory_keys_name_their_unit_and_the_glance_section_sorts_first():
