@@ -149,19 +149,16 @@ class CompletionLog(TrainerCallback):
         mlflow.log_metric("perf/completions_logging_seconds", seconds, step=state.global_step)
 
 
-def log_eval(settings, base, adapter) -> None:
+def log_eval(prompts: Sequence[Any], base, adapter) -> None:
     """The held-out prompts answered by the base and the adapter, side by side: the table
     `completions/held_out.json`, and one trace (`kind = held-out`) with a span per prompt whose
     assessments are `base_<reward>` and `adapter_<reward>`, each reward's mean on the trace."""
     import mlflow
 
-    from grpolab.evaluate import eval_rows
-
-    rows = eval_rows(settings)
     results = {r.which: r for r in (base, adapter) if r is not None and r.completions}
     if not results:
         return
-    table: dict[str, list] = {"prompt": [text(p) for p in rows["prompt"]]}
+    table: dict[str, list] = {"prompt": [text(p) for p in prompts]}
     for which, result in results.items():
         table[f"{which}_completion"] = list(result.completions)
         for name, values in result.rewards.items():

@@ -162,7 +162,7 @@ def evaluate_saved(settings, device, args, card_note: str, cuda=None) -> None:
     import mlflow
 
     from grpolab import completions, tracking
-    from grpolab.evaluate import evaluate, load_adapter
+    from grpolab.evaluate import eval_rows, evaluate, load_adapter
     from grpolab.settings import LabSettingsError
 
     adapter = args.eval_only.expanduser().resolve()
@@ -184,7 +184,7 @@ def evaluate_saved(settings, device, args, card_note: str, cuda=None) -> None:
         results = [evaluate(model, tokenizer, settings, which, adapter) for which in ("base", "adapter")]
         for step, result in enumerate(results):
             log_eval(result, step)
-        completions.log_eval(settings, *results)
+        completions.log_eval(eval_rows(settings)["prompt"], *results)
         completions.flush()
         note = " ".join(f"Held-out, {r.line()}." for r in results)
         mlflow.set_tag("mlflow.note.content", note)

@@ -89,7 +89,7 @@ class Run:
     def evaluate(self, which: str, step: int) -> None:
         """Held-out accuracy, format rate and length of `which` ("base" or "adapter"), logged as eval/*."""
         from grpolab import completions
-        from grpolab.evaluate import evaluate, log_eval
+        from grpolab.evaluate import eval_rows, evaluate, log_eval
 
         if self.settings.eval_prompts == 0 or self.trainer is None:
             return
@@ -98,5 +98,5 @@ class Run:
         self.evals[which] = result
         log_eval(result, step)
         if which == "adapter":  # both have answered: their completions side by side
-            completions.log_eval(self.settings, self.evals.get("base"), result)
+            completions.log_eval(eval_rows(self.settings)["prompt"], self.evals.get("base"), result)
             completions.flush()

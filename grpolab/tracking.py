@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from budgets.units import GIB, MIB
+from grpolab.memory_names import MEMORY_UNITS, memory_key
 from grpolab.paths import DEFAULT_DB, REPO_ROOT
 
 LIBRARIES = (
@@ -262,22 +262,6 @@ def log_trainer_args(args) -> None:
         f"trainer.{k}": str(v)[:500] for k, v in effective.items() if isinstance(v, (int, float, str, bool))
     }
     mlflow.log_params(params)
-
-
-# The unit of a run's memory lines, named in each key. A 16 GB card's lines are tens of MiB to GiBs:
-# GiB. The CPU stand-in's are KiB (its 4-bit weights: 77 KiB) beside a GiB runtime: in GiB most read
-# 0.00 in MLflow's charts, in MiB each keeps its size (0.07 ... 1280).
-MEMORY_UNITS = {"gib": GIB, "mib": MIB}
-
-
-def memory_unit(on_gpu: bool) -> str:
-    """`gib` on a GPU, `mib` on the CPU stand-in (tag `memory_unit` of the run)."""
-    return "gib" if on_gpu else "mib"
-
-
-def memory_key(line: str, figure: str, unit: str) -> str:
-    """The MLflow key of a memory line's figure: `base_weights/budget_mib`, `total/measured_gib`."""
-    return f"{line}/{figure}_{unit}"
 
 
 # MLflow's metrics view lists one section per key prefix, sorted by name: these copies of the figures

@@ -398,7 +398,7 @@ children = mlflow.search_runs(
 ran = [r for r in children if r.info.status == "FINISHED"]
 print(f"{len(children)} child runs under the sweep: " + ", ".join(r.info.run_name for r in children))
 from budgets.units import MIB
-from grpolab.tracking import MEMORY_UNITS, memory_key
+from grpolab.memory_names import MEMORY_UNITS, memory_key
 
 
 def in_mib(run, line: str, figure: str) -> float:

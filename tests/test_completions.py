@@ -16,7 +16,7 @@ import pytest
 from test_comparison import MIB, comparison
 
 from grpolab import completions, console, overview, tracking
-from grpolab.evaluate import EvalResult
+from grpolab.evaluate import EvalResult, eval_rows
 
 
 @pytest.fixture
@@ -98,7 +98,8 @@ def test_held_out_completions_of_base_and_adapter_side_by_side(store):
         )
 
     with mlflow.start_run() as run:
-        completions.log_eval(settings, result("base", ["a", "b", "c"]), result("adapter", ["x", "y", "z"]))
+        prompts = eval_rows(settings)["prompt"]
+        completions.log_eval(prompts, result("base", ["a", "b", "c"]), result("adapter", ["x", "y", "z"]))
         completions.flush()
     table = mlflow.load_table("completions/held_out.json", run_ids=[run.info.run_id])
     assert list(table["base_completion"]) == ["a", "b", "c"] and list(table["adapter_completion"]) == [
