@@ -142,7 +142,7 @@ def session(
                 from grpolab.cuda_env import allocator_settings
 
                 mlflow.set_tag("cuda_allocator_settings", allocator_settings())
-            tracking.log_sheet(sheet, tracking.memory_unit(device.on_gpu))
+            tracking.log_sheet(sheet, device.on_gpu)
             try:
                 yield run
             except KeyboardInterrupt as stop:
@@ -245,5 +245,5 @@ def _log_measurement(run: Run, status: str, doctor: str = "", ending: str = "fin
         extra |= comparison.phase_pairs(run.sheet, meter.probe.step_phase_peaks)
         ledger = meter.vllm_ledger()
         extra |= ledger.metrics() if ledger is not None else {}
-    tracking.log_comparison(c, figure, extra, MEMORY_LABELS, note, tracking.memory_unit(run.device.on_gpu))
+    tracking.log_comparison(c, figure, extra, MEMORY_LABELS, note, run.device.on_gpu)
     run_result.write(run, status, c, ending=ending)

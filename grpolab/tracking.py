@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from grpolab.memory_names import MEMORY_UNITS, memory_key
+from grpolab.memory_names import MEMORY_UNITS, memory_key, memory_unit
 from grpolab.paths import DEFAULT_DB, REPO_ROOT
 
 LIBRARIES = (
@@ -292,10 +292,12 @@ def glance(metrics: dict[str, float], unit: str | None = None) -> dict[str, floa
     return out
 
 
-def log_sheet(sheet, unit: str = "gib") -> None:
-    """Every line as `<line>/budget_<unit>`, the total and capacity, and the sheet as artifacts."""
+def log_sheet(sheet, on_gpu: bool) -> None:
+    """Every line as `<line>/budget_<unit>` (`memory_unit`: GiB on a GPU, MiB on the CPU), the total
+    and capacity, and the sheet as artifacts."""
     import mlflow
 
+    unit = memory_unit(on_gpu)
     size = MEMORY_UNITS[unit]
     metrics = {memory_key(line.name, "budget", unit): line.bytes / size for line in sheet.lines}
     metrics[memory_key("total", "budget", unit)] = sheet.total_bytes / size
@@ -307,7 +309,7 @@ def log_sheet(sheet, unit: str = "gib") -> None:
 
 
 def log_comparison(
-    c, figure, extra_metrics: dict[str, float], labels: dict[str, str], note: str, unit: str = "gib"
+    c, figure, extra_metrics: dict[str, float], labels: dict[str, str], note: str, on_gpu: bool
 ) -> None:
     """`<line>/measured_<unit>`, `/diff_<unit>`, `/rel_error` beside each `<line>/budget_<unit>`, the
     totals, the table, the chart, and the run's Overview as its description."""
@@ -315,6 +317,7 @@ def log_comparison(
 
     from grpolab import comparison
 
+    unit = memory_unit(on_gpu)
     size = MEMORY_UNITS[unit]
     metrics = dict(extra_metrics)
     for name in c.paired:

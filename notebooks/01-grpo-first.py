@@ -283,6 +283,8 @@ memory.legend()
 plt.tight_layout()
 
 # %%
+from grpolab.memory_names import memory_key
+
 metrics = run.data.metrics
 # Memory figures carry their unit in their names: GiB on a GPU, MiB on the CPU stand-in (tag memory_unit).
 unit = run.data.tags["memory_unit"]
@@ -291,8 +293,8 @@ comparison = pd.DataFrame(
     [
         {
             "line": line.name,
-            "budget": metrics[tracking.memory_key(line.name, "budget", unit)],
-            "measured": metrics.get(tracking.memory_key(line.name, "measured", unit)),
+            "budget": metrics[memory_key(line.name, "budget", unit)],
+            "measured": metrics.get(memory_key(line.name, "measured", unit)),
             "rel. error": metrics.get(f"{line.name}/rel_error"),
         }
         for line in sheet.lines

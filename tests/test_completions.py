@@ -15,7 +15,7 @@ import mlflow
 import pytest
 from test_comparison import MIB, comparison
 
-from grpolab import completions, console, overview, tracking
+from grpolab import completions, console, memory_names, overview, tracking
 from grpolab.evaluate import EvalResult, eval_rows
 
 
@@ -139,8 +139,8 @@ def test_the_overview_opens_with_the_verdict_then_the_chart_the_total_and_each_l
 
 
 def test_memory_keys_name_their_unit_and_the_glance_section_sorts_first():
-    assert tracking.memory_unit(on_gpu=True) == "gib" and tracking.memory_unit(on_gpu=False) == "mib"
-    assert tracking.memory_key("base_weights", "budget", "mib") == "base_weights/budget_mib"
+    assert memory_names.memory_unit(on_gpu=True) == "gib" and memory_names.memory_unit(on_gpu=False) == "mib"
+    assert memory_names.memory_key("base_weights", "budget", "mib") == "base_weights/budget_mib"
     logged = {
         "reward": 0.2,
         "rewards/format_reward/mean": 0.2,
