@@ -175,7 +175,10 @@ def test_artifacts_adapter_chart_table_and_sheet(cpu_lab_run):
     assert {"memory/budget_vs_measured.png", "memory/budget_vs_measured.md"} <= memory
     budget = {a.path for a in client.list_artifacts(run_id, "budget")}
     assert {"budget/sheet.txt", "budget/sheet.json"} <= budget
-    assert cpu_lab_run["run"].data.tags["mlflow.note.content"].startswith("The budget ")
+    # The Overview (grpolab.overview): the verdict, then the chart as an image of this run's artifact.
+    note = cpu_lab_run["run"].data.tags["mlflow.note.content"]
+    assert note.startswith("**The budget ")
+    assert f"get-artifact?path=memory%2Fbudget_vs_measured.png&run_uuid={run_id})" in note
 
 
 def test_running_out_of_memory_leaves_a_failed_run_with_peak_phase_and_line(wave, tmp_path):
