@@ -120,7 +120,7 @@ STEP_PHASES = {"generate": "generate", "train_step": "train"}
 
 
 def phase_pairs(sheet, step_phase_peaks: dict) -> dict[str, float]:
-    """The step's two moments, budget beside measured, in GiB: `phase/generate/*` (vLLM decoding the
+    """The step's two moments, budget beside measured, in GiB (GPU only): `phase/generate/*` (vLLM decoding the
     rollouts) and `phase/train/*` (the trainer's forward and backward). Standby moves memory between
     them (the KV cache is gone while training), so they are what it changes. The budget leaves out
     other processes' memory: the measured peak is this process's. The largest step counts."""
@@ -132,8 +132,8 @@ def phase_pairs(sheet, step_phase_peaks: dict) -> dict[str, float]:
             continue
         budget = sheet.phases[sheet_phase] - other
         measured = max(peak.process_bytes for peak in peaks)
-        out[f"phase/{sheet_phase}/budget"] = budget / GIB
-        out[f"phase/{sheet_phase}/measured"] = measured / GIB
+        out[f"phase/{sheet_phase}/budget_gib"] = budget / GIB
+        out[f"phase/{sheet_phase}/measured_gib"] = measured / GIB
         out[f"phase/{sheet_phase}/rel_error"] = (measured - budget) / budget if budget else 0.0
     return out
 

@@ -9,7 +9,7 @@ a LoRA request); on a CPU from transformers' `generate`, with the adapter disabl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,9 @@ class EvalResult:
     accuracy: float
     format_rate: float
     mean_length: float
+    # What it wrote and what each reward paid, per prompt (grpolab.completions logs them side by side).
+    completions: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    rewards: dict[str, list[float]] = field(default_factory=dict, compare=False, repr=False)
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -48,7 +51,10 @@ def score(settings, rows, completions: list[str], lengths: list[int], which: str
 
     task = get_task(settings.task)
     columns = {name: rows[name] for name in task.reward_columns}
-    correctness, fmt = (f(rows["prompt"], completions, **columns) for f in task.reward_funcs)
+    paid = {
+        f.__name__: [float(v) for v in f(rows["prompt"], completions, **columns)] for f in task.reward_funcs
+    }
+    correctness, fmt = paid.values()
     n = len(completions)
     return EvalResult(
         which=which,
@@ -56,6 +62,8 @@ def score(settings, rows, completions: list[str], lengths: list[int], which: str
         accuracy=sum(1 for c in correctness if c > 0) / n,
         format_rate=sum(1 for f in fmt if f > 0) / n,
         mean_length=sum(lengths) / n,
+        completions=tuple(completions),
+        rewards=paid,
     )
 
 
@@ -136,7 +144,9 @@ def log_eval(result, step: int) -> None:
     side by side with the other's in the run's metrics)."""
     import mlflow
 
-    mlflow.log_metrics(result.metrics(), step=step)
+    from grpolab import tracking
+
+    mlflow.log_metrics(result.metrics() | tracking.glance(result.metrics()), step=step)
     mlflow.log_metrics(
         {f"eval/{result.which}_{k.removeprefix('eval/')}": v for k, v in result.metrics().items()}
     )
@@ -151,8 +161,8 @@ def evaluate_saved(settings, device, args, card_note: str, cuda=None) -> None:
     # isort: split
     import mlflow
 
-    from grpolab import tracking
-    from grpolab.evaluate import evaluate, load_adapter
+    from grpolab import completions, tracking
+    from grpolab.evaluate import eval_rows, evaluate, load_adapter
     from grpolab.settings import LabSettingsError
 
     adapter = args.eval_only.expanduser().resolve()
@@ -174,6 +184,8 @@ def evaluate_saved(settings, device, args, card_note: str, cuda=None) -> None:
         results = [evaluate(model, tokenizer, settings, which, adapter) for which in ("base", "adapter")]
         for step, result in enumerate(results):
             log_eval(result, step)
+        completions.log_eval(eval_rows(settings)["prompt"], *results)
+        completions.flush()
         note = " ".join(f"Held-out, {r.line()}." for r in results)
         mlflow.set_tag("mlflow.note.content", note)
     print("\n".join(f"Held-out, {r.line()}" for r in results))

@@ -92,11 +92,14 @@ class Meter(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         import mlflow
 
+        from grpolab import tracking
+
         metrics = numeric(logs or {})
         if metrics:
             self.history.append({"step": state.global_step, **metrics})
             if state.global_step > self.logged_through[1]:
-                mlflow.log_metrics(metrics, step=state.global_step)
+                # TRL's keys as they are, and the reader's first ones again in the `at a glance` section.
+                mlflow.log_metrics(metrics | tracking.glance(metrics), step=state.global_step)
 
     # --- what was measured ----------------------------------------------------------------------
     def speed(self) -> dict[str, float]:

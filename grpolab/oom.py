@@ -82,6 +82,7 @@ def log_out_of_memory(run, error: BaseException, flags: Collection[str]) -> str:
     import mlflow
 
     from grpolab import comparison, run_result
+    from grpolab.memory_names import MEMORY_UNITS, memory_key, memory_unit
 
     probe = run.meter.probe
     phase = probe.failed_phase or probe.current_phase
@@ -90,8 +91,10 @@ def log_out_of_memory(run, error: BaseException, flags: Collection[str]) -> str:
     advice = next_step(line, run.sheet.inputs, flags)
     peak_gib = probe.process_peak_bytes / GIB
     mlflow.log_metrics({**probe.summary(), "oom/peak_gib": peak_gib}, step=run.measure_step)
+    unit = memory_unit(run.device.on_gpu)
     mlflow.log_metrics(
-        {f"{name}/measured": c.measured[name] / GIB for name in c.paired}, step=run.measure_step
+        {memory_key(n, "measured", unit): c.measured[n] / MEMORY_UNITS[unit] for n in c.paired},
+        step=run.measure_step,
     )
     mlflow.set_tags(
         {

@@ -269,7 +269,7 @@ MEMORY_LABELS = {
         "NVML's figure for this process right after CUDA init and one small tensor, less torch's reservation: "
         "the CUDA context."
     ),
-    "phase/<generate|train>/measured": (
+    "phase/<generate|train>/measured_gib": (
         "GPU: the largest step's NVML process peak while vLLM decoded the rollouts (generate) or while the "
         "trainer took its loss (train); its budget is the sheet's phase total less other processes' memory."
     ),

@@ -89,7 +89,7 @@ class Run:
         """Train, with every generation and training pass measured; logs what really trains."""
         import mlflow
 
-        from grpolab import tracking
+        from grpolab import completions, console, tracking
         from grpolab.step_boundary import StepBoundary
 
         self.trainer = trainer
@@ -97,6 +97,8 @@ class Run:
         self.boundary = StepBoundary()
         trainer.add_callback(self.boundary)
         self.meter.attach(trainer)
+        console.use_step_lines(trainer, self.meter)  # one compact line per step under the bar
+        trainer.add_callback(completions.CompletionLog(trainer))  # what it wrote, as traces
         resume = self.resume
         tracking.log_trainer_args(trainer.args, resumed_from=resume.checkpoint.step if resume else None)
         mlflow.set_tag("trainer_class", type(trainer).__name__)
@@ -109,6 +111,8 @@ class Run:
         except BaseException:
             self.boundary.close()
             raise
+        finally:
+            completions.flush()  # the steps' traces are in the store whatever ends the run
 
     def _logged_base(self) -> bool:
         """A resumed run's base evaluation, as its first process logged it (the base does not change)."""
@@ -127,7 +131,8 @@ class Run:
 
     def evaluate(self, which: str, step: int) -> None:
         """Held-out accuracy, format rate and length of `which` ("base" or "adapter"), logged as eval/*."""
-        from grpolab.evaluate import evaluate, log_eval
+        from grpolab import completions
+        from grpolab.evaluate import eval_rows, evaluate, log_eval
 
         if self.settings.eval_prompts == 0 or self.trainer is None:
             return
@@ -135,3 +140,6 @@ class Run:
             result = evaluate(self.trainer.model, self.tokenizer, self.settings, which, self.adapter_dir)
         self.evals[which] = result
         log_eval(result, step)
+        if which == "adapter":  # both have answered: their completions side by side
+            completions.log_eval(eval_rows(self.settings)["prompt"], self.evals.get("base"), result)
+            completions.flush()

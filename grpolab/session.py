@@ -24,10 +24,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from budgets import BudgetError
-from budgets.units import GIB
 from grpolab import run_result
 from grpolab.endings import EXIT_BAD_INPUT, EXIT_OUT_OF_MEMORY
 from grpolab.flags import parser
+from grpolab.memory_names import MEMORY_UNITS, memory_key, memory_unit
 from grpolab.oom import OutOfMemory
 from grpolab.prepare import budget_only, prepare, prompts
 from grpolab.run import Run
@@ -39,7 +39,9 @@ __all__ = ["Run", "parser", "prepare", "prompts", "records_memory_history", "run
 def run_lab(lab_dir: Path, train: Callable[[Run], None], argv: list[str] | None = None, doc: str = "") -> int:
     """Parse, check, budget, run `train` inside a measured MLflow run; returns the exit code."""
     args = parser(doc.split("\n\n")[0] if doc else "").parse_args(argv)
-    from grpolab import cuda_env, endings, store, tracking
+    from grpolab import console, cuda_env, endings, store, tracking
+
+    console.quiet_library_noise()  # before Unsloth's import: its and torch's warnings about themselves
 
     if args.budget_only and args.resume is not None:
         return _refuse(
@@ -180,7 +182,7 @@ def session(
 
                 mlflow.set_tag("cuda_allocator_settings", allocator_settings())
             if resume is None:
-                tracking.log_sheet(sheet)
+                tracking.log_sheet(sheet, device.on_gpu)
             else:
                 _reopen(run, resume)
             try:
@@ -258,9 +260,11 @@ def _reopen(run: Run, resume) -> None:
         }
     )
     tracking.describe_resumes(resuming.history_text([*past, record]))
-    logged_total = resume.run.data.metrics.get("total/budget")
-    if logged_total is None or abs(logged_total - run.sheet.total_bytes / GIB) > 1e-9:
-        tracking.log_sheet(run.sheet, step=resume.checkpoint.step, suffix=f"-resume-{resume.checkpoint.step}")
+    unit = memory_unit(run.device.on_gpu)
+    logged_total = resume.run.data.metrics.get(memory_key("total", "budget", unit))
+    if logged_total is None or abs(logged_total - run.sheet.total_bytes / MEMORY_UNITS[unit]) > 1e-9:
+        step = resume.checkpoint.step
+        tracking.log_sheet(run.sheet, run.device.on_gpu, step=step, suffix=f"-resume-{step}")
     run.meter.logged_through = resume.logged_steps(client)
 
 
@@ -352,21 +356,21 @@ def _doctor(run: Run) -> str:
 
 
 def _log_measurement(run: Run, status: str, doctor: str = "", ending: str = "finished") -> None:
-    from grpolab import comparison, tracking
+    from grpolab import comparison, overview, tracking
     from grpolab.probe import MEMORY_LABELS
 
     meter = run.meter
     run.comparison = c = comparison.compare(
         run.sheet, meter.lines(), meter.probe.process_peak_bytes, run.device.on_gpu
     )
-    note = c.verdict() + ("" if status == "FINISHED" else f" (run ended {status}: figures so far)")
-    note += f"\n\n{doctor}" if doctor else ""
     figure = comparison.chart(c, meter.step_peaks, run.sheet.total_bytes)
+    # The Overview: chart, verdict, per-line table, doctor, held-out (grpolab.overview).
+    note = overview.description(run.mlflow_run.info.run_id, c, doctor, run.evals, status, figure is not None)
     extra = meter.probe.summary()
     if run.device.on_gpu:
         # The phases standby changes, budget beside measured, and vLLM's own start-up figures.
         extra |= comparison.phase_pairs(run.sheet, meter.probe.step_phase_peaks)
         ledger = meter.vllm_ledger()
         extra |= ledger.metrics() if ledger is not None else {}
-    tracking.log_comparison(c, figure, extra, MEMORY_LABELS, note, step=run.measure_step)
+    tracking.log_comparison(c, figure, extra, MEMORY_LABELS, note, run.device.on_gpu, step=run.measure_step)
     run_result.write(run, status, c, ending=ending)

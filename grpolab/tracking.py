@@ -9,8 +9,10 @@ SIGHUP and FAILED on any exception, keeping what was logged before, with the cau
 and at the top of its description; runs whose process died without closing them are reconciled when
 the next lab starts (`grpolab.endings`). A new SQLite store is created and migrated under a lock, so
 two first runs started at once cannot race in MLflow's schema migration. Each budget line is logged
-as a section of its own (`kv_cache/budget`, `kv_cache/measured`, ...) so the UI's metrics view shows
-the pair together.
+as a section of its own (`kv_cache/budget_gib`, `kv_cache/measured_gib`, ...) so the UI's metrics view
+shows the pair together, in the run's memory unit (`memory_unit`: GiB on a GPU, MiB on the CPU
+stand-in), named in every key. The figures a reader looks at first are also in the section that
+MLflow lists first, `at a glance` (`glance`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from budgets.units import GIB
+from grpolab.memory_names import MEMORY_UNITS, memory_key, memory_unit
 from grpolab.paths import DEFAULT_DB, REPO_ROOT
 
 LIBRARIES = (
@@ -245,11 +247,11 @@ def _end(run, status: str, ending: str, cause: str | None = None) -> None:
 
 
 def run_url(run, host: str = "http://127.0.0.1:5000") -> str:
-    """The run's metrics in the README's UI command, in the UI's Model training view: MLflow 3 opens in
-    its GenAI view unless the URL asks for `workflowType=machine_learning`."""
+    """The run's Overview (its description: chart, verdict, table; grpolab.overview) in the README's UI
+    command, in the UI's Model training view: MLflow 3 opens in its GenAI view unless the URL asks for
+    `workflowType=machine_learning`."""
     return (
-        f"{host}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}/model-metrics"
-        "?workflowType=machine_learning"
+        f"{host}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}?workflowType=machine_learning"
     )
 
 
@@ -305,41 +307,81 @@ def log_trainer_args(args, resumed_from: int | None = None) -> None:
     mlflow.log_params(params)
 
 
-def log_sheet(sheet, step: int = 0, suffix: str = "") -> None:
-    """Every line as `<line>/budget` in GiB, the total and capacity, and the sheet as artifacts
-    (`budget/sheet<suffix>.txt`); at `step`, for a resumed run whose memory settings changed it."""
+# MLflow's metrics view lists one section per key prefix, sorted by name: these copies of the figures
+# a reader wants first go in a section that sorts before every other (`at a glance/reward`, ...).
+GLANCE = "at a glance"
+GLANCE_KEYS = {
+    "reward": "reward",
+    "kl": "kl",
+    "completions/clipped_ratio": "clipped_ratio",
+    "eval/accuracy": "held-out accuracy",
+    "eval/format_rate": "held-out format_rate",
+}
+
+
+def glance(metrics: dict[str, float], unit: str | None = None) -> dict[str, float]:
+    """The `at a glance` copies of what `metrics` holds: the reward and each reward's mean, KL, the
+    clipped share, held-out accuracy and format, the total's budget and measured peak."""
+    out = {f"{GLANCE}/{GLANCE_KEYS[k]}": v for k, v in metrics.items() if k in GLANCE_KEYS}
+    out |= {
+        f"{GLANCE}/{k.removeprefix('rewards/').removesuffix('/mean')}": v
+        for k, v in metrics.items()
+        if k.startswith("rewards/") and k.endswith("/mean")
+    }
+    if unit is not None:
+        for figure in ("budget", "measured"):
+            if (key := memory_key("total", figure, unit)) in metrics:
+                out[f"{GLANCE}/total {figure}_{unit}"] = metrics[key]
+    return out
+
+
+def log_sheet(sheet, on_gpu: bool, step: int = 0, suffix: str = "") -> None:
+    """Every line as `<line>/budget_<unit>` (`memory_unit`: GiB on a GPU, MiB on the CPU), the total
+    and capacity, and the sheet as artifacts (`budget/sheet<suffix>.txt`); at `step`, for a resumed
+    run whose memory settings changed it."""
     import mlflow
 
-    metrics = {f"{line.name}/budget": line.bytes / GIB for line in sheet.lines}
-    metrics["total/budget"] = sheet.total_bytes / GIB
-    metrics["total/capacity"] = sheet.capacity_bytes / GIB
-    mlflow.log_metrics(metrics, step=step)
-    mlflow.set_tag("budget_fits", str(sheet.fits))
+    unit = memory_unit(on_gpu)
+    size = MEMORY_UNITS[unit]
+    metrics = {memory_key(line.name, "budget", unit): line.bytes / size for line in sheet.lines}
+    metrics[memory_key("total", "budget", unit)] = sheet.total_bytes / size
+    metrics[memory_key("total", "capacity", unit)] = sheet.capacity_bytes / size
+    mlflow.log_metrics(metrics | glance(metrics, unit), step=step)
+    mlflow.set_tags({"budget_fits": str(sheet.fits), "memory_unit": unit})
     mlflow.log_text(sheet.table(), f"budget/sheet{suffix}.txt")
     mlflow.log_dict(sheet.to_dict(), f"budget/sheet{suffix}.json")
 
 
 def log_comparison(
-    c, figure, extra_metrics: dict[str, float], labels: dict[str, str], note: str, step: int = 0
+    c,
+    figure,
+    extra_metrics: dict[str, float],
+    labels: dict[str, str],
+    note: str,
+    on_gpu: bool,
+    step: int = 0,
 ) -> None:
-    """`<line>/measured`, `/diff`, `/rel_error` beside each `<line>/budget`, the totals, the table,
-    the chart, and the verdict as the run's description. At `step`: 0 for a run in one piece; a
-    resumed run measures each process again and logs its figures at the step that process reached."""
+    """`<line>/measured_<unit>`, `/diff_<unit>`, `/rel_error` beside each `<line>/budget_<unit>`, the
+    totals, the table, the chart, and the run's Overview as its description. At `step`: 0 for a run in
+    one piece; a resumed run measures each process again and logs its figures at the step it reached."""
     import mlflow
 
     from grpolab import comparison
 
+    unit = memory_unit(on_gpu)
+    size = MEMORY_UNITS[unit]
     metrics = dict(extra_metrics)
     for name in c.paired:
-        metrics[f"{name}/measured"] = c.measured[name] / GIB
-        metrics[f"{name}/diff"] = c.diff(name) / GIB
+        metrics[memory_key(name, "measured", unit)] = c.measured[name] / size
+        metrics[memory_key(name, "diff", unit)] = c.diff(name) / size
         metrics[f"{name}/rel_error"] = c.rel_error(name)
     for name, value in c.unpaired_measured.items():
-        metrics[f"unpaired/{name}"] = value / GIB
-    metrics["total/measured"] = c.total_measured / GIB
-    metrics["total/budget_compared"] = c.total_budget / GIB
+        metrics[f"unpaired/{name}_{unit}"] = value / size
+    metrics[memory_key("total", "measured", unit)] = c.total_measured / size
+    metrics[memory_key("total", "budget_compared", unit)] = c.total_budget / size
     metrics["total/rel_error"] = c.total_rel_error
-    metrics["total/unattributed"] = c.unattributed / GIB
+    metrics[memory_key("total", "unattributed", unit)] = c.unattributed / size
+    metrics |= glance(metrics, unit)
     mlflow.log_metrics(metrics, step=step)
     mlflow.set_tags(
         {

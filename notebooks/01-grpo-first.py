@@ -283,13 +283,18 @@ memory.legend()
 plt.tight_layout()
 
 # %%
+from grpolab.memory_names import memory_key
+
 metrics = run.data.metrics
+# Memory figures carry their unit in their names: GiB on a GPU, MiB on the CPU stand-in (tag memory_unit).
+unit = run.data.tags["memory_unit"]
+unit_label = {"gib": "GiB", "mib": "MiB"}[unit]
 comparison = pd.DataFrame(
     [
         {
             "line": line.name,
-            "budget": metrics[f"{line.name}/budget"],
-            "measured": metrics.get(f"{line.name}/measured"),
+            "budget": metrics[memory_key(line.name, "budget", unit)],
+            "measured": metrics.get(memory_key(line.name, "measured", unit)),
             "rel. error": metrics.get(f"{line.name}/rel_error"),
         }
         for line in sheet.lines
@@ -303,7 +308,7 @@ comparison.style.format(
 # %%
 paired = comparison.dropna()
 ax = paired.plot.bar(x="line", y=["budget", "measured"], logy=profile == "cpu", figsize=(8, 3.5), rot=30)
-ax.set_ylabel("GiB")
+ax.set_ylabel(unit_label)
 ax.set_title("Budget vs measured, per line")
 plt.tight_layout()
 
@@ -316,9 +321,10 @@ plt.tight_layout()
 # uv run mlflow ui --backend-store-uri sqlite:///mlflow.db
 # ```
 #
-# then open the run link the lab printed above: the reward curves and one section per budget line
-# (`kv_cache/budget` beside `kv_cache/measured`) under *Model metrics*, and the chart and table
-# under *Artifacts → memory*.
+# then open the run link the lab printed above: its Overview opens with the chart, the verdict and the
+# table; *Model metrics* lists `at a glance` first (rewards, KL, the total's budget and peak, held-out),
+# then one section per budget line (`kv_cache/budget_gib` beside `kv_cache/measured_gib`; MiB on the
+# CPU stand-in); *Traces* holds every completion with its rewards and advantage.
 
 # %%
 print(f"experiment {settings.chapter}, run {run.info.run_id}, store {tracking.tracking_uri()}")

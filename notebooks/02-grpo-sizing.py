@@ -374,8 +374,9 @@ print("sweep", parent.info.run_id, parent.info.status, "-", parent.data.tags["ml
 # ## 7. Reading the sweep back from MLflow
 #
 # The sweep's run holds the grid: its chart, its table, every cell's figures in `sweep/cells.json`.
-# Each cell is a child run (MLflow's tag `mlflow.parentRunId`) with chapter 1's names: `<line>/budget`
-# beside `<line>/measured`, `total/budget` beside `total/measured`.
+# Each cell is a child run (MLflow's tag `mlflow.parentRunId`) with chapter 1's names: `<line>/budget_<unit>`
+# beside `<line>/measured_<unit>`, `total/budget_<unit>` beside `total/measured_<unit>` (the unit, GiB on a
+# GPU and MiB on the CPU, is the run's tag `memory_unit`).
 
 # %%
 import json
@@ -396,25 +397,36 @@ children = mlflow.search_runs(
 )
 ran = [r for r in children if r.info.status == "FINISHED"]
 print(f"{len(children)} child runs under the sweep: " + ", ".join(r.info.run_name for r in children))
+from budgets.units import MIB
+from grpolab.memory_names import MEMORY_UNITS, memory_key
+
+
+def in_mib(run, line: str, figure: str) -> float:
+    """A cell's memory figure in MiB, whatever unit its run logged (tag memory_unit)."""
+    unit = run.data.tags["memory_unit"]
+    return run.data.metrics[memory_key(line, figure, unit)] * MEMORY_UNITS[unit] / MIB
+
+
 lines = sorted(
     {
         k.split("/")[0]
         for r in ran
         for k in r.data.metrics
-        if k.endswith("/measured") and k != "total/measured"
+        if k.endswith(f"/measured_{r.data.tags['memory_unit']}") and not k.startswith("total/")
     }
 )
 fig, axes = plt.subplots(1, len(ran), figsize=(4.5 * len(ran), 3.6), squeeze=False, sharey=True)
 for ax, run in zip(axes[0], sorted(ran, key=lambda r: r.info.run_name), strict=True):
     m = run.data.metrics
-    shown = [n for n in lines if f"{n}/measured" in m]
+    shown = [n for n in lines if memory_key(n, "measured", run.data.tags["memory_unit"]) in m]
     x = range(len(shown))
-    ax.bar([i - 0.2 for i in x], [m[f"{n}/budget"] * 1024 for n in shown], width=0.4, label="budget")
-    ax.bar([i + 0.2 for i in x], [m[f"{n}/measured"] * 1024 for n in shown], width=0.4, label="measured")
+    ax.bar([i - 0.2 for i in x], [in_mib(run, n, "budget") for n in shown], width=0.4, label="budget")
+    ax.bar([i + 0.2 for i in x], [in_mib(run, n, "measured") for n in shown], width=0.4, label="measured")
     ax.set_xticks(list(x), shown, rotation=40, ha="right")
     ax.set_yscale("log")
     ax.set_title(
-        f"{run.info.run_name}: peak {m['total/measured']:.2f} of {m['total/budget']:.2f} GiB budgeted"
+        f"{run.info.run_name}: peak {in_mib(run, 'total', 'measured') / 1024:.2f} of "
+        f"{in_mib(run, 'total', 'budget') / 1024:.2f} GiB budgeted"
     )
 axes[0][0].set_ylabel("MiB (log)")
 axes[0][0].legend()

@@ -17,6 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from grpolab.console import STEP_PREFIX
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LAB_DIR = REPO_ROOT / "labs" / "grpo-first"
 
@@ -147,8 +149,9 @@ def _default_signals() -> None:
 
 
 class Lab:
-    """One lab process; a thread reads its output, counts training steps (TRL prints a log dict
-    with 'step_time' per step) and calls `at_step` once when `STEPS_BEFORE_SIGNAL` have been printed."""
+    """One lab process; a thread reads its output, counts training steps (the lab prints one compact
+    line per step, starting `step N/M`: grpolab.console) and calls `at_step` once when
+    `STEPS_BEFORE_SIGNAL` have been printed."""
 
     def __init__(self, name: str, args: list[str], uri: str, tmp: Path, at_step=None) -> None:
         env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
@@ -173,7 +176,7 @@ class Lab:
     def _read(self) -> None:
         for line in self.process.stdout:
             self.lines.append(line)
-            if "'step_time'" in line:
+            if line.startswith(STEP_PREFIX):
                 self.steps += 1
                 if self.steps == STEPS_BEFORE_SIGNAL and self.at_step is not None:
                     self.at_step(self)

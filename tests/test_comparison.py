@@ -91,9 +91,9 @@ def test_the_steps_two_phases_are_paired_with_the_sheets_without_other_processes
         "train_step": [PhasePeak("train_step", process_bytes=11 << 30)],
     }
     pairs = phase_pairs(off, peaks)
-    assert pairs["phase/generate/budget"] == pytest.approx((off.phases["generate"] - (1 << 30)) / GIB)
-    assert pairs["phase/generate/measured"] == 10.0 and pairs["phase/train/measured"] == 11.0
-    assert pairs["phase/train/rel_error"] == pytest.approx(11 / pairs["phase/train/budget"] - 1)
+    assert pairs["phase/generate/budget_gib"] == pytest.approx((off.phases["generate"] - (1 << 30)) / GIB)
+    assert pairs["phase/generate/measured_gib"] == 10.0 and pairs["phase/train/measured_gib"] == 11.0
+    assert pairs["phase/train/rel_error"] == pytest.approx(11 / pairs["phase/train/budget_gib"] - 1)
     # Under standby the KV cache is gone while training: the train phase's budget holds no KV cache.
     kv = on.line("kv_cache")
     assert "train" not in kv.phases and "generate" in kv.phases

@@ -113,8 +113,8 @@ def test_memory_is_measured_and_paired_with_the_budget(cpu_lab_run):
     # MLflow's own system metrics run beside the probe.
     assert any(key.startswith("system/") for key in metrics)
     for line in ("base_weights", "lora_params", "lora_grads", "optimizer_states"):
-        assert f"{line}/budget" in metrics and f"{line}/measured" in metrics, line
-        assert f"{line}/diff" in metrics
+        assert f"{line}/budget_mib" in metrics and f"{line}/measured_mib" in metrics, line
+        assert f"{line}/diff_mib" in metrics
     # Unsloth's trainer (both profiles) takes the reference from the base with the adapter disabled:
     # no reference copy is budgeted, and none was found among the tensors the run held.
     assert cpu_lab_run["run"].data.tags["trainer_class"] == "UnslothGRPOTrainer"
@@ -123,10 +123,10 @@ def test_memory_is_measured_and_paired_with_the_budget(cpu_lab_run):
     for line in ("lora_params", "lora_grads", "optimizer_states"):
         assert abs(metrics[f"{line}/rel_error"]) < 0.01, (line, metrics[f"{line}/rel_error"])
     assert abs(metrics["base_weights/rel_error"]) < 0.05
-    assert "total/measured" in metrics and "total/rel_error" in metrics
+    assert "total/measured_mib" in metrics and "total/rel_error" in metrics
     # The CPU sheet's own lines: the runtime after the imports and what the loop grows by.
     for line in ("host_runtime", "host_shape_caches"):
-        assert f"{line}/measured" in metrics and f"{line}/diff" in metrics, line
+        assert f"{line}/measured_mib" in metrics and f"{line}/diff_mib" in metrics, line
     # What no line explains: the total's miss less the misses of the lines held at the sheet's peak.
     sheet = json.loads(
         (
@@ -137,12 +137,16 @@ def test_memory_is_measured_and_paired_with_the_budget(cpu_lab_run):
     )
     peak_phase = max(sheet["phases"], key=sheet["phases"].get)
     held = [
-        ln["name"] for ln in sheet["lines"] if peak_phase in ln["phases"] and f"{ln['name']}/diff" in metrics
+        ln["name"]
+        for ln in sheet["lines"]
+        if peak_phase in ln["phases"] and f"{ln['name']}/diff_mib" in metrics
     ]
     expected = (
-        metrics["total/measured"] - metrics["total/budget_compared"] - sum(metrics[f"{n}/diff"] for n in held)
+        metrics["total/measured_mib"]
+        - metrics["total/budget_compared_mib"]
+        - sum(metrics[f"{n}/diff_mib"] for n in held)
     )
-    assert metrics["total/unattributed"] == pytest.approx(expected, abs=1e-6)
+    assert metrics["total/unattributed_mib"] == pytest.approx(expected, abs=1e-6)
     labels = json.loads(cpu_lab_run["run"].data.tags["memory_labels"])
     assert "resident set" in labels["memory/process_peak_gib"]
 
@@ -154,10 +158,13 @@ def test_the_budget_logged_is_the_one_the_cli_prints(cpu_lab_run, lab_module, ca
     sheet = json.loads(capsys.readouterr().out)
     metrics = cpu_lab_run["run"].data.metrics
     for line in sheet["lines"]:
-        assert metrics[f"{line['name']}/budget"] == pytest.approx(line["bytes"] / 1024**3, rel=1e-9), line[
-            "name"
-        ]
-    assert metrics["total/budget"] == pytest.approx(sheet["total_bytes"] / 1024**3)
+        assert metrics[f"{line['name']}/budget_mib"] == pytest.approx(line["bytes"] / 1024**2, rel=1e-9), (
+            line["name"]
+        )
+    assert metrics["total/budget_mib"] == pytest.approx(sheet["total_bytes"] / 1024**2)
+    # The CPU stand-in's lines in MiB (in GiB its small lines read 0.00 in MLflow's charts), named so.
+    assert cpu_lab_run["run"].data.tags["memory_unit"] == "mib"
+    assert 0.01 < metrics["base_weights/budget_mib"] < 1.0
 
 
 def test_artifacts_adapter_chart_table_and_sheet(cpu_lab_run):
@@ -168,7 +175,10 @@ def test_artifacts_adapter_chart_table_and_sheet(cpu_lab_run):
     assert {"memory/budget_vs_measured.png", "memory/budget_vs_measured.md"} <= memory
     budget = {a.path for a in client.list_artifacts(run_id, "budget")}
     assert {"budget/sheet.txt", "budget/sheet.json"} <= budget
-    assert cpu_lab_run["run"].data.tags["mlflow.note.content"].startswith("The budget ")
+    # The Overview (grpolab.overview): the verdict, then the chart as an image of this run's artifact.
+    note = cpu_lab_run["run"].data.tags["mlflow.note.content"]
+    assert note.startswith("**The budget ")
+    assert f"get-artifact?path=memory%2Fbudget_vs_measured.png&run_uuid={run_id})" in note
 
 
 def test_running_out_of_memory_leaves_a_failed_run_with_peak_phase_and_line(wave, tmp_path):
@@ -233,7 +243,10 @@ def test_a_saved_adapter_is_evaluated_alone(cpu_lab_run, tmp_path):
 def test_the_run_keeps_every_key_it_had_before_the_chapter_redesign(cpu_lab_run):
     """The chapter-folder redesign (the recipe, the split harness) changed where things live, not what a run
     records: the README run's params, metrics, tags and artifacts have the keys they had before it
-    (tests/data/readme_run_keys.json, read from the README run of 2026-12-01 on the commit before)."""
+    (tests/data/readme_run_keys.json, read from the README run of 2026-12-01 on the commit before). Since
+    then, by design (issue 19): memory figures name their unit (`base_weights/budget_mib` on the CPU),
+    the `at a glance/*` copies, `perf/completions_logging_seconds`, the tag `memory_unit` and the
+    held-out completions table (`completions/held_out.json`, tag `mlflow.loggedArtifacts`)."""
     before = json.loads((REPO_ROOT / "tests" / "data" / "readme_run_keys.json").read_text())
     run, client = cpu_lab_run["run"], cpu_lab_run["client"]
 

@@ -3,11 +3,14 @@
 Starts the README's UI command (`uv run mlflow ui --backend-store-uri sqlite:///mlflow.db`) on
 loopback over the store the CPU lab run wrote, opens the run link the lab printed in Debian's
 Chromium through Playwright (a fresh profile: MLflow's assistant panel opens on first load, as it
-does for a newcomer), and checks that a budget line's budget and measured charts are on screen
-together in the Model training view; then the chart and the table among the artifacts. Screenshots
-go to pytest's temporary folder, so a test run leaves the checkout clean;
-`UPDATE_SCREENSHOTS=1 uv run pytest tests/test_mlflow_ui.py` rewrites the README's picture,
-docs/mlflow-budget-vs-measured.png.
+does for a newcomer), and checks what it shows without a click: the run's Overview in the Model
+training view, the verdict with the total's budget beside its measured peak, and the budget-vs-measured
+chart as an image of the run's artifact. Then, one tab away each: the metrics view's first section
+(`at a glance`, the total's budget and measured side by side), a group of completions with its rewards
+in the Traces tab, and the chart and table among the artifacts. Screenshots go to pytest's temporary
+folder, so a test run leaves the checkout clean; `UPDATE_SCREENSHOTS=1 uv run pytest
+tests/test_mlflow_ui.py` rewrites the README's picture, docs/mlflow-budget-vs-measured.png (the page the
+printed link opens).
 """
 
 from __future__ import annotations
@@ -109,38 +112,36 @@ def printed_link(cpu_lab_run, base: str) -> str:
     return link.replace("http://127.0.0.1:5000", base)
 
 
-def test_the_printed_link_opens_budget_and_measured_together_in_the_model_training_view(
+def on_screen(page, box) -> bool:
+    return bool(box) and box["height"] > 0 and 0 <= box["y"] < page.viewport_size["height"]
+
+
+def test_the_printed_link_opens_the_overview_with_the_verdict_and_the_chart(
     mlflow_ui, page, cpu_lab_run, tmp_path
 ):
-    """A newcomer pastes the link the lab printed: no clicks, the run's metrics in the Model training
-    view, each budget line a section with its budget and measured charts side by side."""
+    """A newcomer pastes the link the lab printed: no clicks, the run's Overview in the Model training
+    view; its description says whether the budget held, the total's budget beside its measured peak,
+    and shows the chart of every line (an image of the run's own artifact, loaded)."""
     link = printed_link(cpu_lab_run, mlflow_ui)
-    assert "workflowType=machine_learning" in link and "/model-metrics" in link
-    page.goto(link)
-    tab = page.get_by_role("tab", name="Model metrics")
-    tab.wait_for(timeout=120_000)
-    assert tab.get_attribute("aria-selected") == "true"
-    # MLflow groups metrics into sections by the part of the name before the first "/".
-    headers = page.locator('[data-testid="experiment-view-compare-runs-section-header"]')
-    header = headers.filter(has_text=re.compile(r"^base_weights")).first
-    header.wait_for(timeout=120_000)
-    page.get_by_text("measured", exact=True).first.wait_for(timeout=60_000)
-    top = header.bounding_box()["y"]
-    below = [
-        b["y"] for b in (headers.nth(i).bounding_box() for i in range(headers.count())) if b and b["y"] > top
-    ]
-    bottom = min(below, default=float("inf"))
-
-    def charts_in_section(title: str) -> list[dict]:
-        boxes = [loc.bounding_box() for loc in page.get_by_text(title, exact=True).all()]
-        return [b for b in boxes if b and top < b["y"] < bottom]
-
-    height = page.viewport_size["height"]
-    budget, measured = charts_in_section("budget"), charts_in_section("measured")
-    assert budget and measured, "the section lacks its budget or measured chart"
-    assert all(b["y"] >= 0 and b["y"] + b["height"] <= height for b in (budget[0], measured[0])), (
-        "the pair is not on screen together"
+    assert "workflowType=machine_learning" in link and link.split("?")[0].endswith(
+        cpu_lab_run["run"].info.run_id
     )
+    page.goto(link)
+    tab = page.get_by_role("tab", name="Overview")
+    tab.wait_for(timeout=180_000)
+    assert tab.get_attribute("aria-selected") == "true"
+    verdict = page.get_by_text(
+        re.compile(r"The budget (held|did not hold): measured peak .* vs budgeted ")
+    ).first
+    verdict.wait_for(timeout=120_000)
+    assert on_screen(page, verdict.bounding_box()), "the verdict is not on screen"
+    chart = page.locator("img[src*='budget_vs_measured.png']").first
+    chart.wait_for(timeout=60_000)
+    page.wait_for_function(
+        "() => [...document.querySelectorAll(\"img[src*='budget_vs_measured.png']\")].some(i => i.complete && i.naturalWidth > 0)",
+        timeout=60_000,
+    )
+    assert on_screen(page, chart.bounding_box()), "the chart is not on screen"
     shot = (
         README_SCREENSHOT
         if os.environ.get("UPDATE_SCREENSHOTS") == "1"
@@ -148,6 +149,29 @@ def test_the_printed_link_opens_budget_and_measured_together_in_the_model_traini
     )
     page.screenshot(path=str(shot))
     assert shot.stat().st_size > 10_000
+
+
+def test_the_metrics_view_lists_the_glance_first_with_the_totals_budget_and_measured(
+    mlflow_ui, page, cpu_lab_run
+):
+    page.goto(run_url(mlflow_ui, cpu_lab_run["run"], "/model-metrics"))
+    headers = page.locator('[data-testid="experiment-view-compare-runs-section-header"]')
+    headers.first.wait_for(timeout=180_000)
+    assert headers.first.inner_text().startswith("at a glance")
+    budget = page.get_by_text("total budget_mib", exact=True).first
+    measured = page.get_by_text("total measured_mib", exact=True).first
+    budget.wait_for(timeout=60_000)
+    assert on_screen(page, budget.bounding_box()) and on_screen(page, measured.bounding_box())
+
+
+def test_a_group_of_completions_with_its_rewards_is_in_the_traces_tab(mlflow_ui, page, cpu_lab_run):
+    page.goto(run_url(mlflow_ui, cpu_lab_run["run"], "/traces"))
+    # Each reward is a column of assessments; a group's prompt is a request, its completions the response.
+    page.get_by_text("format_reward", exact=False).first.wait_for(timeout=180_000)
+    page.get_by_text("correctness_reward", exact=False).first.wait_for(timeout=60_000)
+    request = page.get_by_text(re.compile(r'"prompt": "What is \d+ \+ \d+\?"')).first
+    request.wait_for(timeout=60_000)
+    page.get_by_text(re.compile(r'"completion":')).first.wait_for(timeout=60_000)
 
 
 def test_artifact_view_opens_the_chart_and_the_table(mlflow_ui, page, cpu_lab_run):

@@ -125,5 +125,5 @@ def test_rehearse_runs_the_lab_on_the_random_checkpoint_and_measures_it(wave):
     assert run.data.params["max_steps"] == str(rehearsal.REHEARSAL_STEPS)
     assert "/rehearsal/" in run.data.params["model"]
     for line in ("base_weights", "lora_params", "optimizer_states"):
-        assert f"{line}/measured" in run.data.metrics and f"{line}/budget" in run.data.metrics, line
+        assert f"{line}/measured_mib" in run.data.metrics and f"{line}/budget_mib" in run.data.metrics, line
     assert abs(run.data.metrics["lora_params/rel_error"]) < 0.01

@@ -35,7 +35,7 @@ import pytest
 import torch
 from conftest import HAS_CUDA, LAB_DIR, REPO_ROOT, SIGNALLED, STEPS_BEFORE_SIGNAL, only_run
 
-from budgets.units import GIB
+from budgets.units import GIB, MIB
 from grpolab import endings, run_result, tracking
 from grpolab.atomic import save_pretrained_atomically
 
@@ -436,9 +436,13 @@ def test_the_harness_reconciles_at_start_and_describes_how_its_run_ended(store, 
     # What it measured, for the process that started it (a sweep): the run, its ending, its figures.
     result = run_result.read(run.output_dir / run_result.NAME)
     assert (result["run_id"], result["status"], result["ending"]) == (stopped.info.run_id, "KILLED", "SIGHUP")
-    assert result["total"]["measured_bytes"] / GIB == pytest.approx(stopped.data.metrics["total/measured"])
-    assert {name: line["budget_bytes"] / GIB for name, line in result["lines"].items()} == pytest.approx(
-        {name: stopped.data.metrics[f"{name}/budget"] for name in result["lines"]}
+    # The CPU stand-in's memory figures are logged in MiB, the unit in their names (tag memory_unit).
+    assert stopped.data.tags["memory_unit"] == "mib"
+    assert result["total"]["measured_bytes"] / MIB == pytest.approx(
+        stopped.data.metrics["total/measured_mib"]
+    )
+    assert {name: line["budget_bytes"] / MIB for name, line in result["lines"].items()} == pytest.approx(
+        {name: stopped.data.metrics[f"{name}/budget_mib"] for name in result["lines"]}
     )
     assert not [p.name for p in run.output_dir.iterdir() if p.name.startswith(".")]  # no staging file left
 
@@ -523,7 +527,7 @@ def test_a_signal_ends_the_run_killed_with_its_measurements_and_adapter(wave, na
     assert note.startswith(f"{opening} at step {step} of 500.") and step >= STEPS_BEFORE_SIGNAL, note
     assert "(run ended KILLED: figures so far)" in note
     assert f"{opening} at step {step} of 500: run {run.info.run_id} ends KILLED" in lab.stdout
-    assert "lora_params/measured" in run.data.metrics and "total/measured" in run.data.metrics
+    assert "lora_params/measured_mib" in run.data.metrics and "total/measured_mib" in run.data.metrics
     (folder,) = lab.output.glob("grpo-first/*")
     assert (folder / "adapter" / "adapter_model.safetensors").is_file()
     assert not [p.name for p in folder.iterdir() if p.name.startswith(".")], "a staging folder was left"

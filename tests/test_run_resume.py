@@ -118,8 +118,8 @@ def test_a_resumed_run_trains_on_to_the_adapter_of_a_run_never_stopped(resumed, 
         assert _steps(client, after.info.run_id, key) == list(range(1, MAX_STEPS + 1)), key
     # The resumed process measured its own peak and compared it with the same sheet: beside the first
     # process's figures (step 0), its own at the last step; the budget logged once.
-    assert _steps(client, after.info.run_id, "total/measured") in ([0, MAX_STEPS], [MAX_STEPS])
-    assert _steps(client, after.info.run_id, "total/budget") == [0]
+    assert _steps(client, after.info.run_id, "total/measured_mib") in ([0, MAX_STEPS], [MAX_STEPS])
+    assert _steps(client, after.info.run_id, "total/budget_mib") == [0]
     # The same adapter as the run that was never stopped, trained with the same seed and settings.
     reference = wave["labs"]["finish-1"].output
     (reference_folder,) = reference.glob("grpo-first/*")

@@ -237,13 +237,13 @@ def test_each_child_carries_chapter_ones_budget_and_measured_names(cpu_sweep):
             ).read_text()
         )
         for line in sheet["lines"]:
-            assert m[f"{line['name']}/budget"] == pytest.approx(line["bytes"] / 1024**3)
+            assert m[f"{line['name']}/budget_mib"] == pytest.approx(line["bytes"] / 1024**2)
         for name in ("lora_params", "optimizer_states", "host_runtime", "base_weights"):
-            for part in ("measured", "diff", "rel_error"):
+            for part in ("measured_mib", "diff_mib", "rel_error"):
                 assert f"{name}/{part}" in m, (cell["name"], name, part)
-        for key in ("total/budget", "total/measured", "total/capacity", "total/unattributed"):
+        for key in ("total/budget_mib", "total/measured_mib", "total/capacity_mib", "total/unattributed_mib"):
             assert key in m, key
-        assert m["total/measured"] == pytest.approx(cell["figures"]["measured_gib"])
+        assert m["total/measured_mib"] == pytest.approx(cell["figures"]["measured_gib"] * 1024)
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "memory")}
         assert {"memory/budget_vs_measured.md", "memory/budget_vs_measured.png"} <= artifacts
         # Every completion ran to its full length: the worst case the sheet budgets.

@@ -17,7 +17,7 @@ The sweep:
        --max-completion-length 512 --parent-run-id <sweep>` is chapter 1's loop through the harness,
        which prints and checks the cell's sheet again, measures its own peak (a previous cell in the
        same process would leave the peak high) and logs every line as chapter 1 does
-       (`<line>/budget`, `<line>/measured`, ...), in a run nested under the sweep's.
+       (`<line>/budget_<unit>`, `<line>/measured_<unit>`, ...), in a run nested under the sweep's.
     3. The edge. The largest cell the sheet says fits runs; the first past it (its group doubled)
        is refused by the sheet, naming the line that does not fit, and is logged on the sweep's run.
        `--run-refused` runs it anyway, to record how it runs out of memory.

@@ -1,0 +1,209 @@
+"""What a reader sees of a run without the lab: the completions as MLflow traces with their rewards,
+the Overview's Markdown, the `at a glance` section and memory units, the compact terminal line.
+
+In-process against a real MLflow store (SQLite in a temporary folder); the lab's own run is read by
+tests/test_lab_end_to_end.py and opened in a browser by tests/test_mlflow_ui.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict, deque
+from types import SimpleNamespace
+
+import mlflow
+import pytest
+from test_comparison import MIB, comparison
+
+from grpolab import completions, console, memory_names, overview, tracking
+from grpolab.evaluate import EvalResult, eval_rows
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    tracking.use_store()
+    yield tmp_path
+    while mlflow.active_run():
+        mlflow.end_run()
+
+
+def trainer_logs(groups: int, size: int) -> dict:
+    """`trainer._logs` as TRL's `_generate_and_score_completions` leaves it: chat prompts and
+    completions, each reward per completion, each completion's advantage."""
+    logs = {
+        "prompt": deque(),
+        "completion": deque(),
+        "rewards": defaultdict(deque),
+        "advantages": deque(),
+    }
+    for g in range(groups):
+        for i in range(size):
+            logs["prompt"].append(
+                [{"role": "system", "content": "sys"}, {"role": "user", "content": f"{g} + {g}?"}]
+            )
+            logs["completion"].append([{"role": "assistant", "content": f"<ans>{g + i}</ans>"}])
+            logs["rewards"]["correctness_reward"].append(1.0 if i == g else 0.0)
+            logs["rewards"]["format_reward"].append(0.2)
+            logs["advantages"].append((1.0 if i == g else 0.0) - 1 / size)
+    return logs
+
+
+def test_whole_groups_are_read_with_each_reward_and_advantage_and_a_partial_group_is_left_out():
+    logs = trainer_logs(groups=3, size=4)
+    logs["prompt"].append("one more")  # a partial group: never logged as if whole
+    found = completions.groups(logs, group_size=4, max_groups=2)
+    assert [len(g) for g in found] == [4, 4]
+    row = found[1][1]
+    assert row == {
+        "prompt": "1 + 1?",
+        "completion": "<ans>2</ans>",
+        "rewards": {"correctness_reward": 1.0, "format_reward": 0.2},
+        "advantage": pytest.approx(0.75),
+    }
+
+
+def test_each_logged_group_is_a_trace_of_the_run_with_its_rewards_and_advantages(store):
+    trainer = SimpleNamespace(_logs=trainer_logs(groups=3, size=4), num_generations=4)
+    callback = completions.CompletionLog(trainer, max_groups=2)
+    state = SimpleNamespace(global_step=7)
+    with mlflow.start_run() as run:
+        callback.on_log(None, state, None, logs={"rewards/format_reward/mean": 0.2, "loss": 0.1})
+        callback.on_log(None, state, None, logs={"train_runtime": 1.0})  # the summary row: nothing
+        completions.flush()
+    traces = mlflow.search_traces(
+        locations=[run.info.experiment_id], run_id=run.info.run_id, return_type="list", max_results=100
+    )
+    assert sorted(t.info.tags["mlflow.traceName"] for t in traces) == ["step 7 group 0", "step 7 group 1"]
+    (trace,) = [t for t in traces if t.info.tags["group"] == "1"]
+    assert (trace.info.tags["step"], trace.info.tags["kind"]) == ("7", "train")
+    assert "1 + 1?" in trace.data.request and '"completion": "<ans>2</ans>"' in trace.data.response
+    # The group's means on the trace (the Traces tab's columns); each completion's own on its span.
+    on_trace = {a.name: a.value for a in trace.info.assessments if a.span_id is None}
+    assert on_trace == {"correctness_reward": 0.25, "format_reward": pytest.approx(0.2)}
+    spans = {s.span_id: s.name for s in trace.data.spans}
+    second = {a.name: a.value for a in trace.info.assessments if spans.get(a.span_id) == "completion 1"}
+    assert second == {"correctness_reward": 1.0, "format_reward": 0.2, "advantage": pytest.approx(0.75)}
+    assert len([s for s in trace.data.spans if s.name.startswith("completion ")]) == 4
+    seconds = mlflow.MlflowClient().get_metric_history(run.info.run_id, "perf/completions_logging_seconds")
+    assert [m.step for m in seconds] == [7] and seconds[0].value > 0
+
+
+def test_held_out_completions_of_base_and_adapter_side_by_side(store):
+    settings = SimpleNamespace(task="addition", eval_prompts=3, seed=0)
+
+    def result(which, texts):
+        return EvalResult(
+            which, 3, 0.0, 1.0, 5.0, completions=tuple(texts), rewards={"format_reward": [0.2, 0.2, 0.0]}
+        )
+
+    with mlflow.start_run() as run:
+        prompts = eval_rows(settings)["prompt"]
+        completions.log_eval(prompts, result("base", ["a", "b", "c"]), result("adapter", ["x", "y", "z"]))
+        completions.flush()
+    table = mlflow.load_table("completions/held_out.json", run_ids=[run.info.run_id])
+    assert list(table["base_completion"]) == ["a", "b", "c"] and list(table["adapter_completion"]) == [
+        "x",
+        "y",
+        "z",
+    ]
+    (trace,) = mlflow.search_traces(
+        locations=[run.info.experiment_id], run_id=run.info.run_id, return_type="list"
+    )
+    assert trace.info.tags["kind"] == "held-out"
+    (third,) = [s for s in trace.data.spans if s.name == "held-out 2"]
+    assert third.outputs == {"base": "c", "adapter": "z"}
+    assert {a.name: a.value for a in trace.info.assessments if a.span_id == third.span_id} == {
+        "base_format_reward": 0.0,
+        "adapter_format_reward": 0.0,
+    }
+
+
+def test_the_overview_opens_with_the_verdict_then_the_chart_the_total_and_each_line():
+    c = comparison()
+    before = EvalResult("base", 32, 0.0, 0.5, 6.0)
+    after = EvalResult("adapter", 32, 0.125, 1.0, 5.5)
+    text = overview.description(
+        "abc123", c, "Run doctor: nothing held learning back.", {"base": before, "adapter": after}
+    )
+    assert text.startswith("**The budget did not hold: measured peak 500.00 MiB vs budgeted 450.00 MiB")
+    chart = text.index(
+        "![Budget vs measured](get-artifact?path=memory%2Fbudget_vs_measured.png&run_uuid=abc123)"
+    )
+    table = text.index("| **total (peak)** | 450.00 MiB | 500.00 MiB |")
+    assert chart < table < text.index("| base_weights | 100.00 MiB | 110.00 MiB | +10.00 MiB |")
+    assert "| train_activations | 80.00 MiB | not measured |" in text
+    assert text.index("Run doctor:") < text.index("| accuracy | 0.0% | 12.5% |")
+    assert "**Traces** tab" in text
+    assert "![" not in overview.description("abc", c, "", {}, chart=False)
+
+
+def test_memory_keys_name_their_unit_and_the_glance_section_sorts_first():
+    assert memory_names.memory_unit(on_gpu=True) == "gib" and memory_names.memory_unit(on_gpu=False) == "mib"
+    assert memory_names.memory_key("base_weights", "budget", "mib") == "base_weights/budget_mib"
+    logged = {
+        "reward": 0.2,
+        "rewards/format_reward/mean": 0.2,
+        "rewards/format_reward/std": 0.1,
+        "kl": 0.01,
+        "loss": 0.3,
+        "total/budget_mib": 1591.0,
+        "total/measured_mib": 1290.0,
+    }
+    assert tracking.glance(logged, "mib") == {
+        "at a glance/reward": 0.2,
+        "at a glance/format_reward": 0.2,
+        "at a glance/kl": 0.01,
+        "at a glance/total budget_mib": 1591.0,
+        "at a glance/total measured_mib": 1290.0,
+    }
+    # MLflow's metrics view sorts its sections by name (localeCompare): the glance comes before every
+    # section the lab logs (the lines, clip_ratio, completions, eval, memory, perf, rewards, total ...).
+    sections = [
+        "base_weights",
+        "clip_ratio",
+        "completions",
+        "eval",
+        "host_runtime",
+        "memory",
+        "rewards/format_reward",
+    ]
+    assert sorted([*sections, tracking.GLANCE], key=str.casefold)[0] == tracking.GLANCE
+
+
+def test_the_terminal_line_is_one_short_line_per_step():
+    logs = {
+        "loss": 0.01,
+        "reward": 0.1875,
+        "rewards/correctness_reward/mean": 0.0,
+        "rewards/format_reward/mean": 0.1875,
+        "kl": 0.19,
+        "completions/clipped_ratio": 0.25,
+        "step_time": 3.2,
+        "epoch": 0.01,
+    }
+    line = console.step_line(12, 60, logs, {"perf/decode_tokens_per_s": 412.4}, 1290 * MIB)
+    assert (
+        line
+        == "step 12/60  reward 0.188 (correctness 0.000 format 0.188)  kl 0.19  clipped 25%  412 tok/s  peak 1.26 GiB"
+    )
+    assert line.startswith(console.STEP_PREFIX)
+
+
+def test_library_noise_is_dropped_and_what_a_user_can_act_on_stays(caplog):
+    console.quiet_library_noise()
+    pytree, unsloth = logging.getLogger("torch.utils._pytree"), logging.getLogger("unsloth_zoo.log")
+    with caplog.at_level(logging.WARNING):
+        pytree.warning(
+            "<enum 'KernelPreference'> is an Enum subclass and is now natively supported by torch.compile"
+        )
+        unsloth.warning(
+            "Unsloth: Could not build the patched trl.trainer.sft_trainer, so training will use trl's own"
+        )
+        unsloth.warning(
+            "Unsloth: Could not build the patched trl.trainer.grpo_trainer, so training will use trl's own"
+        )
+        pytree.warning("something else about pytrees")
+    messages = [r.getMessage() for r in caplog.records]
+    assert not any("Enum subclass" in m or "sft_trainer" in m for m in messages), messages
+    assert any("grpo_trainer" in m for m in messages) and "something else about pytrees" in messages
