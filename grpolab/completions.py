@@ -128,17 +128,18 @@ def group_trace(step: int, g: int, rows: list[dict[str, Any]]) -> None:
 class CompletionLog(TrainerCallback):
     """Each logged step's groups as traces of the run (whole groups, `GROUPS_PER_STEP` of them)."""
 
-    def __init__(self, trainer, max_groups: int = GROUPS_PER_STEP) -> None:
+    def __init__(self, trainer, max_groups: int = GROUPS_PER_STEP, logged_through: int = 0) -> None:
         self.trainer = trainer
         self.max_groups = max_groups
-        self.logged_step = -1
+        # A resumed run: the steps its first process logged are trained again, not traced again.
+        self.logged_step = logged_through
         self.seconds: list[float] = []  # what each step paid for it
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         import mlflow
 
         logs = logs or {}
-        if state.global_step == self.logged_step or not any(k.startswith("rewards/") for k in logs):
+        if state.global_step <= self.logged_step or not any(k.startswith("rewards/") for k in logs):
             return  # the end-of-training summary, or a step already logged
         started = time.perf_counter()
         self.logged_step = state.global_step

@@ -98,7 +98,8 @@ class Run:
         trainer.add_callback(self.boundary)
         self.meter.attach(trainer)
         console.use_step_lines(trainer, self.meter)  # one compact line per step under the bar
-        trainer.add_callback(completions.CompletionLog(trainer))  # what it wrote, as traces
+        # What it wrote, as traces (a resumed run's steps already logged are not traced twice).
+        trainer.add_callback(completions.CompletionLog(trainer, logged_through=self.meter.logged_through[1]))
         resume = self.resume
         tracking.log_trainer_args(trainer.args, resumed_from=resume.checkpoint.step if resume else None)
         mlflow.set_tag("trainer_class", type(trainer).__name__)
