@@ -116,6 +116,16 @@ def test_a_resumed_run_trains_on_to_the_adapter_of_a_run_never_stopped(resumed, 
     # checkpoint are not logged again), none missing.
     for key in ("loss", "reward", "memory/step_peak_gib"):
         assert _steps(client, after.info.run_id, key) == list(range(1, MAX_STEPS + 1)), key
+    # The same for what it wrote: each step's groups traced once.
+    mlflow.set_tracking_uri(client.tracking_uri)
+    traces = mlflow.search_traces(
+        locations=[after.info.experiment_id], run_id=after.info.run_id, return_type="list", max_results=1000
+    )
+    traced = [t.info.tags["mlflow.traceName"] for t in traces if t.info.tags.get("kind") == "train"]
+    assert len(traced) == len(set(traced)), sorted(traced)
+    assert {int(t.info.tags["step"]) for t in traces if t.info.tags.get("kind") == "train"} == set(
+        range(1, MAX_STEPS + 1)
+    )
     # The resumed process measured its own peak and compared it with the same sheet: beside the first
     # process's figures (step 0), its own at the last step; the budget logged once.
     assert _steps(client, after.info.run_id, "total/measured_mib") in ([0, MAX_STEPS], [MAX_STEPS])
