@@ -80,6 +80,7 @@ def quiet_library_noise() -> None:
     - Unsloth's "Could not build the patched trl.trainer.<x>" for trainers other than GRPO's (its
       rewriting of every TRL trainer; grpolab.unsloth_trainer raises if GRPO's is not rewritten).
     - datasets' "Map" / "Filter" progress bars while the prompts are built (a second, at most).
+    - MLflow's note that it flushes its trace queue at exit (the harness flushed it already).
     Everything else (Unsloth's notes about the device and precision, MLflow's, errors) stays.
     """
     # Python's own warning when a library's source has an invalid escape (torchao's, compiled once).
@@ -88,6 +89,9 @@ def quiet_library_noise() -> None:
     logging.getLogger("unsloth_zoo.log").addFilter(
         _Drop("Could not build the patched trl.trainer.", keep="trl.trainer.grpo_trainer")
     )
+    # MLflow's "Flushing the async trace logging queue before program exit": printed after the lab's
+    # own last line (its error, when it failed), about MLflow's exporter, which the lab flushed itself.
+    logging.getLogger("mlflow.tracing.export.async_export_queue").setLevel(logging.WARNING)
     try:
         import datasets
 

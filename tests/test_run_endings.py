@@ -501,7 +501,7 @@ def test_two_first_runs_on_a_fresh_store_both_finish(wave):
         assert wave["codes"][name] == 0, lab.log()
         run = only_run(wave["client"], lab)
         assert (run.info.status, run.data.tags["ending"]) == ("FINISHED", "finished")
-        assert run.data.tags["mlflow.note.content"].startswith("The budget ")
+        assert run.data.tags["mlflow.note.content"].startswith("**The budget ")  # the Overview's verdict
         assert run.data.params["task"] == ("countdown" if name == "finish-2" else "addition")
     # Seven processes opened a new store at once; none died in MLflow's schema migration.
     for lab in wave["labs"].values():
