@@ -11,6 +11,7 @@ libraries print at import about their own internals, and the data set's map prog
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from typing import Any
 
@@ -92,9 +93,6 @@ def quiet_library_noise() -> None:
     # MLflow's "Flushing the async trace logging queue before program exit": printed after the lab's
     # own last line (its error, when it failed), about MLflow's exporter, which the lab flushed itself.
     logging.getLogger("mlflow.tracing.export.async_export_queue").setLevel(logging.WARNING)
-    try:
-        import datasets
-
-        datasets.disable_progress_bars()
-    except ImportError:
-        pass
+    # datasets reads this when it is imported (later, with the prompts): importing it here would put
+    # seconds of imports before the store check, which must refuse a bad store within seconds.
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
