@@ -68,6 +68,21 @@ def lab_module():
     return load_lab_module(LAB_DIR)
 
 
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """A fresh SQLite MLflow store of the test's own, active through MLFLOW_TRACKING_URI; runs left
+    open are ended. (A test module with a `store` fixture of its own uses that one.)"""
+    import mlflow
+
+    from grpolab import tracking
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    tracking.use_store()
+    yield tmp_path
+    while mlflow.active_run():
+        mlflow.end_run()
+
+
 def run_lab(
     args: list[str], tmp_path: Path, timeout: float = 600, lab_dir: Path = LAB_DIR, **env: str
 ) -> subprocess.CompletedProcess:

@@ -19,15 +19,6 @@ from grpolab import completions, console, memory_names, overview, tracking
 from grpolab.evaluate import EvalResult, eval_rows
 
 
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    tracking.use_store()
-    yield tmp_path
-    while mlflow.active_run():
-        mlflow.end_run()
-
-
 def trainer_logs(groups: int, size: int) -> dict:
     """`trainer._logs` as TRL's `_generate_and_score_completions` leaves it: chat prompts and
     completions, each reward per completion, each completion's advantage."""

@@ -20,15 +20,6 @@ from grpolab.tensors import model_bytes_by_kind, optimizer_state_bytes, quant_st
 CPU = Device("cpu")
 
 
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    tracking.use_store()
-    yield tmp_path
-    while mlflow.active_run():
-        mlflow.end_run()
-
-
 def test_probe_catches_a_short_peak_inside_its_phase():
     probe = MemoryProbe(CPU, interval_s=0.002).start()
     try:
