@@ -81,6 +81,14 @@ class Run:
         with self.meter.probe.phase("train"):
             trainer.train()
 
+    def reward_funcs(self) -> tuple[tuple[Any, ...], list[float] | None]:
+        """The reward functions the trainer was built with and their weights (TRL's reward_weights,
+        None: all 1), or the task's own when no trainer was built."""
+        if self.trainer is None:
+            return tuple(self.task.reward_funcs), None
+        weights = getattr(self.trainer.args, "reward_weights", None)
+        return tuple(self.trainer.reward_funcs), None if weights is None else [float(w) for w in weights]
+
     def evaluate(self, which: str, step: int) -> None:
         """Held-out accuracy, format rate and length of `which` ("base" or "adapter"), logged as eval/*."""
         from grpolab.evaluate import evaluate, log_eval
@@ -88,6 +96,13 @@ class Run:
         if self.settings.eval_prompts == 0 or self.trainer is None:
             return
         with self.meter.probe.phase(f"eval_{which}"):
-            result = evaluate(self.trainer.model, self.tokenizer, self.settings, which, self.adapter_dir)
+            result = evaluate(
+                self.trainer.model,
+                self.tokenizer,
+                self.settings,
+                which,
+                self.adapter_dir,
+                reward_funcs=self.reward_funcs()[0],  # the task's own, and any other the run trained on
+            )
         self.evals[which] = result
         log_eval(result, step)

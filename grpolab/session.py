@@ -222,7 +222,12 @@ def _doctor(run: Run) -> str:
 
     values = {name: getattr(run.settings, name) for name in FLAGS}
     before, after = run.evals.get("base"), run.evals.get("adapter")
-    findings = doctor.diagnose(run.meter.history, values, set(FLAGS), before, after)
+    # The rewards the trainer really had, with their weights: a chapter may train on a reward its task
+    # does not declare and watch the task's own at weight 0 (chapter 4).
+    funcs, weights = run.reward_funcs()
+    findings = doctor.diagnose(
+        run.meter.history, values, set(FLAGS), before, after, reward_funcs=funcs, reward_weights=weights
+    )
     return doctor.verdict(findings, before, after, steps=len(doctor.step_rows(run.meter.history)))
 
 
