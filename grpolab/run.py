@@ -35,6 +35,7 @@ class Run:
     comparison: Any = None
     evals: dict[str, Any] = field(default_factory=dict)  # "base" before training, "adapter" after
     summary: list[str] = field(default_factory=list)
+    findings: list[Any] = field(default_factory=list)  # the run doctor's, once the run has ended
 
     @property
     def task(self):

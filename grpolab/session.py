@@ -92,7 +92,15 @@ def _refuse(err: Exception) -> int:
 
 @contextmanager
 def session(
-    settings, sheet, device, args, dataset, card_note: str = "", nested: bool = False, cuda=None
+    settings,
+    sheet,
+    device,
+    args,
+    dataset,
+    card_note: str = "",
+    nested: bool = False,
+    cuda=None,
+    name: str | None = None,
 ) -> Iterator[Run]:
     """An MLflow run around one training: measured, ended with the status it earned, its adapter saved.
 
@@ -112,7 +120,10 @@ def session(
         # (without it the snapshot still shows every segment and block, with no stacks). A run capped to
         # rehearse an out-of-memory asks for it.
         torch.cuda.memory._record_memory_history(max_entries=100_000)
-    name = tracking.run_name(("rehearse-" if getattr(args, "rehearse", False) else "") + settings.profile)
+    # A name of its own when several runs share a process and a second (chapter 4's arms).
+    name = name or tracking.run_name(
+        ("rehearse-" if getattr(args, "rehearse", False) else "") + settings.profile
+    )
     run = Run(
         settings, sheet, device, args, dataset, args.output_dir / settings.chapter / name, Meter(probe, sheet)
     )
@@ -225,9 +236,10 @@ def _doctor(run: Run) -> str:
     # The rewards the trainer really had, with their weights: a chapter may train on a reward its task
     # does not declare and watch the task's own at weight 0 (chapter 4).
     funcs, weights = run.reward_funcs()
-    findings = doctor.diagnose(
+    run.findings = doctor.diagnose(
         run.meter.history, values, set(FLAGS), before, after, reward_funcs=funcs, reward_weights=weights
     )
+    findings = run.findings
     return doctor.verdict(findings, before, after, steps=len(doctor.step_rows(run.meter.history)))
 
 
