@@ -147,9 +147,9 @@ def _run(lab_dir, chosen, train, args, settings, sheet, device, card_note, cuda,
                 arm_settings, sheet, device, args, dataset, card_note, nested=True, cuda=cuda, name=name
             ) as run:
                 train(run, arm.reward)
-            mlflow.MlflowClient().set_tags(
-                run.mlflow_run.info.run_id, {"arm": arm.name, "arm.reward": arm.reward}
-            )
+            client = mlflow.MlflowClient()
+            client.set_tag(run.mlflow_run.info.run_id, "arm", arm.name)
+            client.set_tag(run.mlflow_run.info.run_id, "arm.reward", arm.reward)
             results.append(summary(arm, run))
             print(
                 "\n".join(line for line in run.summary if line.startswith(("Held-out", "Run doctor"))),
