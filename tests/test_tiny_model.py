@@ -103,6 +103,33 @@ def test_the_cached_model_is_recognised_by_its_recipe(monkeypatch):
     assert tiny_model.default_cache() != before, "a changed recipe must not reuse the old model"
 
 
+def test_a_task_added_to_the_registry_does_not_change_the_books_stand_in(monkeypatch, tokenizer):
+    """Chapters 1-3 keep their stand-in (and its cache) whatever tasks are registered later; a run on a
+    task outside the book's gets a stand-in of its own, warm-started also on that task's rows."""
+    import dataclasses
+
+    import task
+    from grpolab import tiny_model
+
+    book = tiny_model.recipe_hash()
+    book_pairs = tiny_model.warm_start_texts(tokenizer)
+    monkeypatch.setitem(task.TASKS, "addition-too", dataclasses.replace(task.ADDITION, name="addition-too"))
+    assert tiny_model.recipe_hash() == book and tiny_model.recipe_hash("addition") == book
+    assert tiny_model.warm_start_texts(tokenizer) == book_pairs
+    assert tiny_model.recipe_hash("lastdigit") not in (book, tiny_model.recipe_hash("addition-too"))
+    own = tiny_model.warm_start_texts(tokenizer, task="lastdigit")
+    assert len(own) == len(book_pairs) + tiny_model.WARM_START["rows_per_task"]
+    rows = task.LASTDIGIT.build_dataset(tiny_model.WARM_START["rows_per_task"], tiny_model.BUILD_SEED + 1)
+    extra = own[len(book_pairs) :]
+    right = sum(
+        completion.replace("<ans>", "").replace("</ans>", "").removesuffix("<|im_end|>") == str(row["target"])
+        for (_, completion), row in zip(extra, rows, strict=True)
+    )
+    # KNOWN_SHARE answered right on purpose, plus another row's answer that happens to share the digit
+    # (about one in ten of the rest); never all of them: the stand-in must leave something to learn.
+    assert tiny_model.KNOWN_SHARE - 0.05 <= right / len(extra) <= tiny_model.KNOWN_SHARE + 0.2, right
+
+
 def test_the_warm_started_model_answers_in_the_format_now_and_then():
     """Like a base model: the format sometimes (so a group of 16 usually holds a success to learn
     from), the right answer almost never (so there is something left to learn)."""
