@@ -194,7 +194,8 @@ def summary(arm: Arm, run) -> dict[str, Any]:
         "steps": [row.get("step", i + 1) for i, row in enumerate(rows)],
         "paid": series(rows, paid[0].metric),
         "exact": series(rows, exact.metric),
-        "kl": series(rows, "kl"),
+        # Unsloth's trainer logs kl 0 without a reference (beta 0): not measured, not zero drift.
+        "kl": series(rows, "kl") if run.settings.beta != 0 else [],
         "held_out": {
             which: {"accuracy": r.accuracy, "format_rate": r.format_rate, "rewards": r.rewards}
             for which, r in (("base", before), ("adapter", after))
@@ -222,7 +223,11 @@ def verdict(results: Sequence[dict[str, Any]]) -> str:
             if {"base", "adapter"} <= set(held)
             else "no held-out evaluation"
         )
-        kl = f", KL in the last quarter {_quarter(r['kl'], 3):.3f}" if r["kl"] else ", KL not logged (beta 0)"
+        kl = (
+            f", KL in the last quarter {_quarter(r['kl'], 3):.3f}"
+            if r["kl"]
+            else ", KL not measured (beta 0: no reference policy)"
+        )
         paid = (
             f"{r['paid_metric']} {_quarter(r['paid'], 0):.3f} -> {_quarter(r['paid'], 3):.3f}"
             if r["paid"]

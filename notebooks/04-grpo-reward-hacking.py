@@ -161,15 +161,15 @@ fig.tight_layout()
 # ## 3. The leash: KL to the reference, per beta
 #
 # The loss adds `beta x KL(policy || reference)`: the further the policy drifts from where it
-# started, the harder it is pulled back. TRL logs `kl` when beta > 0 (beta 0 has no reference
-# to measure against). Held-out accuracy and the loose checker's held-out payout say how much of the
+# started, the harder it is pulled back. KL is measured when beta > 0 (with beta 0 there is no
+# reference policy to measure against, and the trainer logs 0). Held-out accuracy and the loose checker's held-out payout say how much of the
 # hack each beta let through.
 
 # %%
 fig, ax = plt.subplots(figsize=(6, 3.5))
 for arm in record:
     steps, values = curve(children[arm["arm"]], "kl")
-    if values:
+    if values and arm["beta"] != 0:  # without a reference Unsloth's trainer logs 0: nothing measured
         ax.plot(steps, values, label=f"{arm['arm']} (beta {arm['beta']:g})")
 ax.set(xlabel="step", ylabel="KL per token", title="drift from the reference")
 ax.legend(fontsize=8)

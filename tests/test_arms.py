@@ -59,7 +59,7 @@ def test_the_verdict_has_a_line_per_arm_with_its_numbers_and_findings():
         and "the doctor found nothing" in lines[0]
     )
     assert "held-out accuracy 25.0% -> 10.0%" in lines[1] and "reward_hacking: from step 2" in lines[1]
-    assert "KL not logged (beta 0)" in lines[2]
+    assert "KL not measured (beta 0: no reference policy)" in lines[2]
 
 
 def test_the_completions_sit_side_by_side_and_cannot_break_the_table():
