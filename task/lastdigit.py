@@ -1,11 +1,11 @@
-"""The last digit of a number in 100..999: chapter 4's task, small enough for the CPU stand-in to learn.
+"""The last digit of a number in 100..99999: chapter 4's task, small enough for the CPU stand-in to learn.
 
 Answer: one integer inside ``<ans></ans>``, scored by the integer-answer rewards of ``task.rewards``
 (``correctness_reward``, ``format_reward``): ``<ans>7</ans>`` for 827. Example prompt, the longest
-(98 characters)::
+(100 characters)::
 
     system: Give the last digit of the number as one integer inside <ans></ans>.
-    user:   What is the last digit of 999?
+    user:   What is the last digit of 99999?
 
 Why this task: the answer is one of ten digits and sits in the prompt, so the tiny CPU model (two
 layers, 64 wide) can learn to read it within a minute of GRPO and its held-out accuracy measurably
@@ -24,7 +24,9 @@ if TYPE_CHECKING:
     import datasets
 
 NAME = "lastdigit"
-LOW, HIGH = 100, 999
+# Wide enough that a held-out set of hundreds is mostly distinct numbers (one in ten is held out);
+# the digit to read always sits just before the '?', however long the number.
+LOW, HIGH = 100, 99_999
 SYSTEM_PROMPT = "Give the last digit of the number as one integer inside <ans></ans>."
 REWARD_COLUMNS = ("target",)
 
@@ -39,7 +41,7 @@ def _draw(rng: random.Random) -> int:
 
 
 def _key(problem: int) -> int:
-    return problem  # the number is the problem: 900 of them, one in ten held out
+    return problem  # the number is the problem: about 100 000 of them, one in ten held out
 
 
 def _row(number: int) -> dict[str, Any]:
@@ -57,7 +59,7 @@ def build_eval_dataset(n: int, seed: int) -> datasets.Dataset:
 
 
 def worst_case_prompt() -> list[dict[str, str]]:
-    """The longest prompt the builder can make (every number has three digits)."""
+    """The longest prompt the builder can make: the number with the most digits."""
     return messages(SYSTEM_PROMPT, question(HIGH))
 
 
