@@ -10,8 +10,9 @@ shaped like each of the book's tasks' (addition, countdown, sorting), about a th
 <ans></ans> and all of them another prompt's answer: like a real base model, it then answers in the
 task's format now and then (about 14% of samples) and almost never correctly, so GRPO has something
 to reinforce. A run on another task (chapter 4's `lastdigit`) gets a stand-in of its own, warm-started
-the same way plus that task's rows, 40% of them answered right: a base that knows the task now and
-then, so GRPO can raise its accuracy within a CPU-sized run. A purely random model lands
+the same way plus 1200 of that task's rows for 400 steps, half of them answered right and a fifth
+echoing the prompt's number: a base that knows the task often but not always, so GRPO can raise its
+accuracy within a CPU-sized run, and that sometimes repeats the question, which a loose checker pays. A purely random model lands
 the format (exactly one tag holding a well-formed answer) in well under 1% of samples, too rarely
 for a group of 16 to hold a success. Built once, then cached as an ordinary `save_pretrained` folder
 that Unsloth and transformers load like any model from the Hub, under a name that changes with the
@@ -42,7 +43,16 @@ BOOK_TASKS = ("addition", "countdown", "sorting")
 # of which this share are answered right (the rest another row's answer). Like a real base model it
 # then knows the task now and then, and GRPO has right answers to reinforce; a model that is never
 # right, as on the book's tasks, gives GRPO nothing to learn an answer from in a CPU-sized run.
-KNOWN_SHARE = 0.4
+# Measured 2026-12-02 on lastdigit (numbers 100..999, 24 GRPO steps of 2 prompts x 8, lr 1e-2): with a
+# share of 0.4 right, 400 rows and the book's 200 steps the stand-in answered one constant digit
+# (held-out 0% -> 5% after GRPO); with 0.5 right, 0.2 the prompt's number echoed, 1200 rows and 400
+# steps it read the digit (held-out 81% greedy) and GRPO on the exact reward took it to 100%.
+KNOWN_SHARE = 0.5
+# The share of the task's warm-start answers that echo the number the prompt asks about (its
+# `number` column, when it has one): a base that sometimes repeats the question, as real ones do,
+# which a loose checker pays and the exact reward does not.
+ECHO_SHARE = 0.2
+OWN_TASK = {"rows": 1200, "steps": 400}  # its rows, and warm-start steps for a stand-in of its own
 
 # Special tokens first so their ids are fixed: pad 0, bos 1, eos/im_end 2.
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<ans>", "</ans>"]
@@ -114,12 +124,18 @@ def warm_start_texts(tokenizer, seed: int = BUILD_SEED, task: str | None = None)
     pairs = []
     for name in (*BOOK_TASKS, *_own(task)):
         t = get_task(name)
-        rows = t.build_dataset(WARM_START["rows_per_task"], seed + 1)
+        own = name == task and name not in BOOK_TASKS
+        rows = t.build_dataset(OWN_TASK["rows"] if own else WARM_START["rows_per_task"], seed + 1)
         answers = [t.reference_answer(row) for row in rows]
-        known = KNOWN_SHARE if name == task else 0.0
         for row in rows:
             prompt = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
-            answer = t.reference_answer(row) if rng.random() < known else rng.choice(answers)
+            u = rng.random() if own else 1.0  # the book's tasks draw exactly what they always drew
+            if u < KNOWN_SHARE:
+                answer = t.reference_answer(row)
+            elif u < KNOWN_SHARE + ECHO_SHARE and "number" in row:
+                answer = str(row["number"])
+            else:
+                answer = rng.choice(answers)
             body = f"<ans>{answer}</ans>" if rng.random() < WARM_START["tagged"] else answer
             pairs.append((prompt, body + "<|im_end|>"))
     return pairs
@@ -139,7 +155,7 @@ def warm_start(model, tokenizer, seed: int = BUILD_SEED, task: str | None = None
     optimizer = torch.optim.AdamW(model.parameters(), lr=WARM_START["learning_rate"])
     model.train()
     loss = torch.tensor(float("nan"))
-    for _ in range(WARM_START["steps"]):
+    for _ in range(OWN_TASK["steps"] if _own(task) else WARM_START["steps"]):
         ids, labels = [], []
         for prompt, completion in rng.sample(pairs, WARM_START["batch"]):
             p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -176,7 +192,7 @@ def recipe_hash(task: str | None = None) -> str:
         },
     }
     if _own(task):  # only then: the book's stand-in keeps the name it has always had
-        recipe["known"] = {task: KNOWN_SHARE}
+        recipe["known"] = {task: KNOWN_SHARE, "echo": ECHO_SHARE, **OWN_TASK}
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
 
 
