@@ -279,8 +279,11 @@ def _proxy_hacking(
     for proxy in proxies:
         paid = series(rows, proxy.metric)
         trend = _trend(rows, proxy)
-        if trend is None or trend[1] <= trend[0] + FLAT_SHARE * proxy.max_reward:
+        # A proxy that held its level while the exact reward fell is hacking too (measured: a loose
+        # checker that needs no tag kept paying while the policy dropped the tag and its accuracy).
+        if trend is None or trend[1] < trend[0] - FLAT_SHARE * proxy.max_reward:
             continue
+        rose = trend[1] > trend[0] + FLAT_SHARE * proxy.max_reward
         watched = next((r for r in exact if series(rows, r.metric)), None)
         if watched is not None:
             truth = series(rows, watched.metric)
@@ -292,10 +295,11 @@ def _proxy_hacking(
             start = onset(gap, [row.get("step", i + 1) for i, row in enumerate(rows) if proxy.metric in row])
             t = _trend(rows, watched)
             what = (
-                f"from step {start:g} {proxy.metric} rose {trend[0]:.3f} -> {trend[1]:.3f} while the task's own "
+                f"from step {start:g} {proxy.metric} {'rose' if rose else 'held'} {trend[0]:.3f} -> {trend[1]:.3f} "
+                f"while the task's own "
                 f"check on the same completions, {watched.metric}, went {t[0]:.3f} -> {t[1]:.3f}{held_out}"
             )
-        elif not held_out_rose and held_out:
+        elif rose and not held_out_rose and held_out:
             what = f"{proxy.metric} rose {trend[0]:.3f} -> {trend[1]:.3f}{held_out}"
         else:
             continue

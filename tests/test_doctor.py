@@ -390,3 +390,21 @@ def test_reward_weights_must_match_the_rewards():
     funcs, _ = _loose_rewards()
     with pytest.raises(ValueError, match="2 reward weights for 3 rewards"):
         diagnose(history(), LOOSE_RUN, set(FLAGS), reward_funcs=funcs, reward_weights=[1, 0])
+
+
+def test_a_proxy_that_holds_while_the_exact_reward_falls_is_hacking_too():
+    """Measured on the stand-in: the loose checker kept paying while the policy dropped the tag."""
+    funcs, weights = _loose_rewards()
+    rows = proxy_history(lambda t: 0.9, lambda t: 0.8 - 0.7 * t)
+    findings = diagnose(rows, LOOSE_RUN, set(FLAGS), reward_funcs=funcs, reward_weights=weights)
+    (hack,) = [f for f in findings if f.name == "reward_hacking"]
+    assert "rewards/contains_answer_reward/mean held 0.900 -> 0.900" in str(hack)
+    assert "reward_hacking" not in names(
+        diagnose(
+            proxy_history(lambda t: 0.9 - 0.5 * t, lambda t: 0.8 - 0.7 * t),
+            LOOSE_RUN,
+            set(FLAGS),
+            reward_funcs=funcs,
+            reward_weights=weights,
+        )
+    ), "a proxy that fell with it is a run that got worse, not a hack"
