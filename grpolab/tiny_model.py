@@ -6,9 +6,13 @@ a tokenizer whose tokens are single characters plus the few special tokens the c
 tasks' answer tags need.
 
 Its random weights are warm-started for a few hundred steps of next-token prediction on answers
-shaped like each task's, about a third of them inside <ans></ans> and all of them another prompt's
-answer: like a real base model, it then answers in the task's format now and then (about 14% of
-samples) and almost never correctly, so GRPO has something to reinforce. A purely random model lands
+shaped like each of the book's tasks' (addition, countdown, sorting), about a third of them inside
+<ans></ans> and all of them another prompt's answer: like a real base model, it then answers in the
+task's format now and then (about 14% of samples) and almost never correctly, so GRPO has something
+to reinforce. A run on another task (chapter 4's `lastdigit`) gets a stand-in of its own, warm-started
+the same way plus 1200 of that task's rows for 400 steps, half of them answered right and a fifth
+echoing the prompt's number: a base that knows the task often but not always, so GRPO can raise its
+accuracy within a CPU-sized run, and that sometimes repeats the question, which a loose checker pays. A purely random model lands
 the format (exactly one tag holding a well-formed answer) in well under 1% of samples, too rarely
 for a group of 16 to hold a success. Built once, then cached as an ordinary `save_pretrained` folder
 that Unsloth and transformers load like any model from the Hub, under a name that changes with the
@@ -32,6 +36,23 @@ BUILD_SEED = 0
 # The warm start: steps of next-token prediction, completions per step, AdamW's learning rate, the
 # share of completions inside <ans></ans>, and the training rows drawn from each task.
 WARM_START = {"steps": 200, "batch": 32, "learning_rate": 1e-2, "tagged": 0.3, "rows_per_task": 400}
+# The book's stand-in is warm-started on these tasks, each answer another row's (almost never right).
+# Named, not read from the registry: a task added later must not change the book's stand-in.
+BOOK_TASKS = ("addition", "countdown", "sorting")
+# A run on any other task gets a stand-in of its own: the book's warm start plus that task's rows,
+# of which this share are answered right (the rest another row's answer). Like a real base model it
+# then knows the task now and then, and GRPO has right answers to reinforce; a model that is never
+# right, as on the book's tasks, gives GRPO nothing to learn an answer from in a CPU-sized run.
+# Measured 2026-12-02 on lastdigit (numbers 100..999, 24 GRPO steps of 2 prompts x 8, lr 1e-2): with a
+# share of 0.4 right, 400 rows and the book's 200 steps the stand-in answered one constant digit
+# (held-out 0% -> 5% after GRPO); with 0.5 right, 0.2 the prompt's number echoed, 1200 rows and 400
+# steps it read the digit (held-out 81% greedy) and GRPO on the exact reward took it to 100%.
+KNOWN_SHARE = 0.5
+# The share of the task's warm-start answers that echo the number the prompt asks about (its
+# `number` column, when it has one): a base that sometimes repeats the question, as real ones do,
+# which a loose checker pays and the exact reward does not.
+ECHO_SHARE = 0.2
+OWN_TASK = {"rows": 1200, "steps": 400}  # its rows, and warm-start steps for a stand-in of its own
 
 # Special tokens first so their ids are fixed: pad 0, bos 1, eos/im_end 2.
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<ans>", "</ans>"]
@@ -93,34 +114,48 @@ def build_model(seed: int = BUILD_SEED):
     return Qwen3ForCausalLM(config)
 
 
-def warm_start_texts(tokenizer, seed: int = BUILD_SEED) -> list[tuple[str, str]]:
-    """(prompt, completion) pairs of every task: the completion is another row's answer, inside
-    <ans></ans> for a share `tagged` of them. Answer-shaped, almost never right."""
-    from task import TASKS
+def warm_start_texts(tokenizer, seed: int = BUILD_SEED, task: str | None = None) -> list[tuple[str, str]]:
+    """(prompt, completion) pairs of the book's tasks: the completion is another row's answer, inside
+    <ans></ans> for a share `tagged` of them. Answer-shaped, almost never right. With a `task` outside
+    the book's, its rows too, a share KNOWN_SHARE of them answered right (its training split only)."""
+    from task import get_task
 
     rng = random.Random(seed)
     pairs = []
-    for task in TASKS.values():
-        rows = task.build_dataset(WARM_START["rows_per_task"], seed + 1)
-        answers = [task.reference_answer(row) for row in rows]
+    for name in (*BOOK_TASKS, *_own(task)):
+        t = get_task(name)
+        own = name == task and name not in BOOK_TASKS
+        rows = t.build_dataset(OWN_TASK["rows"] if own else WARM_START["rows_per_task"], seed + 1)
+        answers = [t.reference_answer(row) for row in rows]
         for row in rows:
             prompt = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
-            answer = rng.choice(answers)
+            u = rng.random() if own else 1.0  # the book's tasks draw exactly what they always drew
+            if u < KNOWN_SHARE:
+                answer = t.reference_answer(row)
+            elif u < KNOWN_SHARE + ECHO_SHARE and "number" in row:
+                answer = str(row["number"])
+            else:
+                answer = rng.choice(answers)
             body = f"<ans>{answer}</ans>" if rng.random() < WARM_START["tagged"] else answer
             pairs.append((prompt, body + "<|im_end|>"))
     return pairs
 
 
-def warm_start(model, tokenizer, seed: int = BUILD_SEED) -> float:
+def _own(task: str | None) -> tuple[str, ...]:
+    """The task that gets a stand-in of its own: any but the book's."""
+    return () if task is None or task in BOOK_TASKS else (task,)
+
+
+def warm_start(model, tokenizer, seed: int = BUILD_SEED, task: str | None = None) -> float:
     """Next-token prediction on the completions of `warm_start_texts`; returns the last loss."""
     import torch
 
     rng = random.Random(seed)
-    pairs = warm_start_texts(tokenizer, seed)
+    pairs = warm_start_texts(tokenizer, seed, task)
     optimizer = torch.optim.AdamW(model.parameters(), lr=WARM_START["learning_rate"])
     model.train()
     loss = torch.tensor(float("nan"))
-    for _ in range(WARM_START["steps"]):
+    for _ in range(OWN_TASK["steps"] if _own(task) else WARM_START["steps"]):
         ids, labels = [], []
         for prompt, completion in rng.sample(pairs, WARM_START["batch"]):
             p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -140,10 +175,10 @@ def warm_start(model, tokenizer, seed: int = BUILD_SEED) -> float:
     return float(loss)
 
 
-def recipe_hash() -> str:
+def recipe_hash(task: str | None = None) -> str:
     """Changes whenever what the cached model is made of changes: the shape, the tokens, the template,
-    the warm start and the tasks' prompts."""
-    from task import TASKS
+    the warm start and the tasks' prompts (a task of its own, and how often it is answered right)."""
+    from task import get_task
 
     recipe = {
         "config": tiny_config_dict(),
@@ -151,23 +186,29 @@ def recipe_hash() -> str:
         "template": CHAT_TEMPLATE,
         "warm_start": WARM_START,
         "seed": BUILD_SEED,
-        "tasks": {name: [t.system_prompt, t.worst_case_prompt()] for name, t in sorted(TASKS.items())},
+        "tasks": {
+            name: [get_task(name).system_prompt, get_task(name).worst_case_prompt()]
+            for name in sorted((*BOOK_TASKS, *_own(task)))
+        },
     }
+    if _own(task):  # only then: the book's stand-in keeps the name it has always had
+        recipe["known"] = {task: KNOWN_SHARE, "echo": ECHO_SHARE, **OWN_TASK}
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def default_cache() -> Path:
-    return CACHE_ROOT / f"tiny-qwen3-{recipe_hash()}"
+def default_cache(task: str | None = None) -> Path:
+    """Where the stand-in for a run on `task` is cached (the book's, for the book's tasks)."""
+    return CACHE_ROOT / f"tiny-qwen3-{recipe_hash(task)}"
 
 
-def ensure_tiny_model(path: Path | None = None) -> Path:
+def ensure_tiny_model(path: Path | None = None, task: str | None = None) -> Path:
     """Build and cache the tiny model and tokenizer at `path` unless already there.
 
     The folder is written under a temporary name and renamed into place, so an interrupted build
     never leaves a half-written model that later runs would load; a file lock makes two processes
     that start at once build it once.
     """
-    path = Path(path) if path is not None else default_cache()
+    path = Path(path) if path is not None else default_cache(task)
     if _complete(path):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -178,7 +219,7 @@ def ensure_tiny_model(path: Path | None = None) -> Path:
         tokenizer, model = build_tokenizer(), build_model()
         if model.config.vocab_size < len(tokenizer):
             raise RuntimeError(f"tiny vocab {model.config.vocab_size} < tokenizer size {len(tokenizer)}")
-        warm_start(model, tokenizer)
+        warm_start(model, tokenizer, task=task)
         return save_pretrained_atomically(model, tokenizer, path)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -101,6 +102,43 @@ def test_the_cached_model_is_recognised_by_its_recipe(monkeypatch):
     before = tiny_model.default_cache()
     monkeypatch.setitem(tiny_model.WARM_START, "steps", 201)
     assert tiny_model.default_cache() != before, "a changed recipe must not reuse the old model"
+
+
+def test_a_task_added_to_the_registry_does_not_change_the_books_stand_in(monkeypatch, tokenizer):
+    """Chapters 1-3 keep their stand-in (and its cache) whatever tasks are registered later; a run on a
+    task outside the book's gets a stand-in of its own, warm-started also on that task's rows."""
+    import dataclasses
+
+    import task
+    from grpolab import tiny_model
+
+    book = tiny_model.recipe_hash()
+    book_pairs = tiny_model.warm_start_texts(tokenizer)
+    # The pairs the cached book stand-in was warm-started on (digest taken from the code before any
+    # task of its own existed): a change here changes chapters 1-3's model under an unchanged name.
+    digest = hashlib.sha256(json.dumps(book_pairs).encode()).hexdigest()[:16]
+    assert (book, digest) == ("2a5cc78dd36f", "fdef10e51f4e97a7")
+    monkeypatch.setitem(task.TASKS, "addition-too", dataclasses.replace(task.ADDITION, name="addition-too"))
+    assert tiny_model.recipe_hash() == book and tiny_model.recipe_hash("addition") == book
+    assert tiny_model.warm_start_texts(tokenizer) == book_pairs
+    assert tiny_model.recipe_hash("lastdigit") not in (book, tiny_model.recipe_hash("addition-too"))
+    own = tiny_model.warm_start_texts(tokenizer, task="lastdigit")
+    assert own[: len(book_pairs)] == book_pairs  # the book's rows as they always were, then the task's
+    assert len(own) == len(book_pairs) + tiny_model.OWN_TASK["rows"]
+    rows = task.LASTDIGIT.build_dataset(tiny_model.OWN_TASK["rows"], tiny_model.BUILD_SEED + 1)
+    extra = own[len(book_pairs) :]
+    right = sum(
+        completion.replace("<ans>", "").replace("</ans>", "").removesuffix("<|im_end|>") == str(row["target"])
+        for (_, completion), row in zip(extra, rows, strict=True)
+    )
+    # KNOWN_SHARE answered right on purpose, plus another row's answer that happens to share the digit
+    # (about one in ten of the rest); never all of them: the stand-in must leave something to learn.
+    assert tiny_model.KNOWN_SHARE - 0.05 <= right / len(extra) <= tiny_model.KNOWN_SHARE + 0.2, right
+    echoed = sum(
+        completion.replace("<ans>", "").replace("</ans>", "").removesuffix("<|im_end|>") == str(row["number"])
+        for (_, completion), row in zip(extra, rows, strict=True)
+    )
+    assert abs(echoed / len(extra) - tiny_model.ECHO_SHARE) < 0.05, echoed
 
 
 def test_the_warm_started_model_answers_in_the_format_now_and_then():
