@@ -246,7 +246,8 @@ def test_the_run_keeps_every_key_it_had_before_the_chapter_redesign(cpu_lab_run)
     (tests/data/readme_run_keys.json, read from the README run of 2026-12-01 on the commit before). Since
     then, by design (issue 19): memory figures name their unit (`base_weights/budget_mib` on the CPU),
     the `at a glance/*` copies, `perf/completions_logging_seconds`, the tag `memory_unit` and the
-    held-out completions table (`completions/held_out.json`, tag `mlflow.loggedArtifacts`)."""
+    held-out completions table (`completions/held_out.json`, tag `mlflow.loggedArtifacts`); and (issue 20) the
+    tag `output_dir`, the run's folder, which `--resume <run id>` finds its checkpoints by."""
     before = json.loads((REPO_ROOT / "tests" / "data" / "readme_run_keys.json").read_text())
     run, client = cpu_lab_run["run"], cpu_lab_run["client"]
 
