@@ -69,10 +69,16 @@ def main(
 ) -> int:
     """Every selected arm, one after another in this process, each nested under the chapter's run;
     then the comparison logged on that run. Returns the exit code (a lab's)."""
-    from grpolab import endings, store, tracking
+    from grpolab import console, endings, store, tracking
     from grpolab.prepare import budget_only, prepare, prompts
 
     args = parser(doc.split("\n\n")[0] if doc else "", arms).parse_args(argv)
+    console.quiet_library_noise()  # before Unsloth's import, as every lab does
+    if args.resume is not None:
+        return _refuse(
+            "--resume: the arms are compared from the same start, so a stopped chapter is run again; "
+            "to train some arms only, pass --arms (e.g. --arms exact,loose)"
+        )
     by_name = {a.name: a for a in arms}
     chosen = [name.strip() for name in args.arms.split(",") if name.strip()]
     unknown = [name for name in chosen if name not in by_name]
@@ -201,12 +207,20 @@ def summary(arm: Arm, run) -> dict[str, Any]:
             for which, r in (("base", before), ("adapter", after))
             if r is not None
         },
+        "questions": _questions(run.settings) if before is not None or after is not None else [],
         "completions": {
             which: list(r.completions[:SAMPLES]) for which, r in (("base", before), ("adapter", after)) if r
         },
         "findings": [str(f) for f in run.findings],
         "finding_names": sorted({f.name for f in run.findings}),
     }
+
+
+def _questions(settings) -> list[str]:
+    """The user turns of the held-out prompts the completions answer (the first SAMPLES)."""
+    from grpolab.evaluate import eval_rows
+
+    return [prompt[-1]["content"] for prompt in eval_rows(settings)["prompt"][:SAMPLES]]
 
 
 def _quarter(values: Sequence[float], which: int) -> float | None:
@@ -239,7 +253,7 @@ def verdict(results: Sequence[dict[str, Any]]) -> str:
             if r["exact"]
             else ""
         )
-        doctor = "; ".join(r["findings"]) if r["findings"] else "the doctor found nothing"
+        doctor = "; ".join(r["findings"]) if r["findings"] else "The doctor found nothing"
         lines.append(
             f"- **{r['arm']}** ({r['reward']} reward, beta {r['beta']:g}): {paid} (first -> last quarter), "
             f"{exact}; {acc}{kl}. {doctor}."
@@ -308,11 +322,12 @@ def _smooth(values: Sequence[float], width: int = 3) -> list[float]:
 
 def completions_table(results: Sequence[dict[str, Any]]) -> str:
     """A few held-out completions per arm, the base's beside the trained adapter's (same prompts)."""
-    lines = ["| arm | base (before) | adapter (after) |", "|---|---|---|"]
+    lines = ["| arm | held-out prompt | base (before) | adapter (after) |", "|---|---|---|---|"]
     for r in results:
         before, after = r["completions"].get("base", []), r["completions"].get("adapter", [])
-        for b, a in zip(before, after, strict=False):
-            lines.append(f"| {r['arm']} | `{_cell(b)}` | `{_cell(a)}` |")
+        questions = r.get("questions") or [""] * len(before)
+        for q, b, a in zip(questions, before, after, strict=False):
+            lines.append(f"| {r['arm']} | {_cell(q)} | `{_cell(b)}` | `{_cell(a)}` |")
     return "\n".join(lines)
 
 

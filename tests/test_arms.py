@@ -29,6 +29,7 @@ def record(name: str, paid: list[float], exact: list[float], kl: list[float], fi
             "base": {"accuracy": 0.25, "format_rate": 0.3, "rewards": {"contains_answer_reward": 0.3}},
             "adapter": {"accuracy": 0.1, "format_rate": 0.9, "rewards": {"contains_answer_reward": 0.9}},
         },
+        "questions": ["What is the last digit of 827?", "What is the last digit of 1|2?"],
         "completions": {"base": ["<ans>7</ans>", "a|b"], "adapter": ["<ans>827</ans>", "x\ny"]},
         "findings": findings,
         "finding_names": sorted({f.split(":")[0] for f in findings}),
@@ -56,7 +57,7 @@ def test_the_verdict_has_a_line_per_arm_with_its_numbers_and_findings():
     assert len(lines) == 3
     assert (
         lines[0].startswith("- **exact** (exact reward, beta 0.02)")
-        and "the doctor found nothing" in lines[0]
+        and "The doctor found nothing" in lines[0]
     )
     assert "held-out accuracy 25.0% -> 10.0%" in lines[1] and "reward_hacking: from step 2" in lines[1]
     assert "KL not measured (beta 0: no reference policy)" in lines[2]
@@ -64,8 +65,11 @@ def test_the_verdict_has_a_line_per_arm_with_its_numbers_and_findings():
 
 def test_the_completions_sit_side_by_side_and_cannot_break_the_table():
     table = arms.completions_table(RECORDS[:1])
-    assert table.splitlines()[2] == "| exact | `<ans>7</ans>` | `<ans>827</ans>` |"
-    assert "`a\\|b` | `x\\ny`" in table
+    assert (
+        table.splitlines()[2]
+        == "| exact | What is the last digit of 827? | `<ans>7</ans>` | `<ans>827</ans>` |"
+    )
+    assert "1\\|2? | `a\\|b` | `x\\ny`" in table
 
 
 def test_the_chart_draws_paid_exact_and_held_out_per_arm_and_kl_beside():
@@ -82,6 +86,7 @@ def test_the_chart_draws_paid_exact_and_held_out_per_arm_and_kl_beside():
     [
         (["--arms", "exact,nope"], "--arms: unknown arm nope; known: exact, loose"),
         (["--arms", ","], "--arms: unknown arm (none)"),
+        (["--resume", "last"], "--resume: the arms are compared from the same start"),
     ],
 )
 def test_an_unknown_arm_is_refused_in_one_line_before_anything_loads(

@@ -64,6 +64,16 @@ def test_the_beta_sweep_logs_kl_per_arm(cpu_hacking):
     assert arms["loose-beta0"]["beta"] == 0.0
 
 
+def test_a_tighter_leash_lets_less_of_the_hack_through(cpu_hacking):
+    """Under the same loose reward, beta 0.2 keeps the policy nearer its start than the book's 0.02:
+    less drift in the last quarter, less paid by the hack, more of the held-out accuracy kept."""
+    book, tight = cpu_hacking["arms"]["loose"], cpu_hacking["arms"]["loose-beta0.2"]
+    assert quarters(tight["kl"])[3] < quarters(book["kl"])[3], (tight["kl"], book["kl"])
+    assert quarters(tight["paid"])[3] < quarters(book["paid"])[3], (tight["paid"], book["paid"])
+    kept = tight["held_out"]["adapter"]["accuracy"]
+    assert kept > book["held_out"]["adapter"]["accuracy"] + 0.1, (tight["held_out"], book["held_out"])
+
+
 def test_the_chapters_run_carries_the_verdict_the_chart_and_the_completions(cpu_hacking):
     parent, client = cpu_hacking["parent"], cpu_hacking["client"]
     note = parent.data.tags["mlflow.note.content"]

@@ -106,7 +106,7 @@ def test_the_cached_model_is_recognised_by_its_recipe(monkeypatch):
 
 def test_a_task_added_to_the_registry_does_not_change_the_books_stand_in(monkeypatch, tokenizer):
     """Chapters 1-3 keep their stand-in (and its cache) whatever tasks are registered later; a run on a
-    task outside the book's gets a stand-in of its own, warm-started also on that task's rows."""
+    task outside the book's gets a stand-in of its own: the book's, warm-started further on that task."""
     import dataclasses
 
     import task
@@ -121,24 +121,52 @@ def test_a_task_added_to_the_registry_does_not_change_the_books_stand_in(monkeyp
     monkeypatch.setitem(task.TASKS, "addition-too", dataclasses.replace(task.ADDITION, name="addition-too"))
     assert tiny_model.recipe_hash() == book and tiny_model.recipe_hash("addition") == book
     assert tiny_model.warm_start_texts(tokenizer) == book_pairs
-    assert tiny_model.recipe_hash("lastdigit") not in (book, tiny_model.recipe_hash("addition-too"))
-    own = tiny_model.warm_start_texts(tokenizer, task="lastdigit")
-    assert own[: len(book_pairs)] == book_pairs  # the book's rows as they always were, then the task's
-    assert len(own) == len(book_pairs) + tiny_model.OWN_TASK["rows"]
+    own_hash = tiny_model.recipe_hash("lastdigit")
+    assert own_hash not in (book, tiny_model.recipe_hash("addition-too"))
+    monkeypatch.setitem(tiny_model.WARM_START, "steps", 201)  # the book's recipe changes: so does the task's
+    assert tiny_model.recipe_hash("lastdigit") != own_hash
+
+
+def test_a_task_of_its_own_is_answered_right_now_and_then_and_sometimes_echoed(tokenizer):
+    """The rows a stand-in of its own is warm-started on: a share answered right, a share echoing the
+    prompt's number (what a loose checker pays), the rest another row's answer; never all right."""
+    import task
+    from grpolab import tiny_model
+
+    own = tiny_model.own_task_texts(tokenizer, "lastdigit")
     rows = task.LASTDIGIT.build_dataset(tiny_model.OWN_TASK["rows"], tiny_model.BUILD_SEED + 1)
-    extra = own[len(book_pairs) :]
-    right = sum(
-        completion.replace("<ans>", "").replace("</ans>", "").removesuffix("<|im_end|>") == str(row["target"])
-        for (_, completion), row in zip(extra, rows, strict=True)
-    )
-    # KNOWN_SHARE answered right on purpose, plus another row's answer that happens to share the digit
-    # (about one in ten of the rest); never all of them: the stand-in must leave something to learn.
-    assert tiny_model.KNOWN_SHARE - 0.05 <= right / len(extra) <= tiny_model.KNOWN_SHARE + 0.2, right
-    echoed = sum(
-        completion.replace("<ans>", "").replace("</ans>", "").removesuffix("<|im_end|>") == str(row["number"])
-        for (_, completion), row in zip(extra, rows, strict=True)
-    )
-    assert abs(echoed / len(extra) - tiny_model.ECHO_SHARE) < 0.05, echoed
+    assert len(own) == len(rows) == tiny_model.OWN_TASK["rows"]
+    answers = [c.replace("<ans>", "").replace("</ans>", "").removesuffix("<|im_end|>") for _, c in own]
+    right = sum(a == str(row["target"]) for a, row in zip(answers, rows, strict=True)) / len(own)
+    echoed = sum(a == str(row["number"]) for a, row in zip(answers, rows, strict=True)) / len(own)
+    tagged = sum(c.startswith("<ans>") for _, c in own) / len(own)
+    known, echo = tiny_model.OWN_TASK["known"], tiny_model.OWN_TASK["echo"]
+    # `known` right on purpose, plus another row's answer that happens to share the digit (about one in
+    # ten of the rest).
+    assert known - 0.05 <= right <= known + 0.1, right
+    assert abs(echoed - echo) < 0.05, echoed
+    assert abs(tagged - tiny_model.WARM_START["tagged"]) < 0.05, tagged
+    assert all(p.startswith("<|im_start|>system") and p.endswith("<|im_start|>assistant\n") for p, _ in own)
+
+
+def test_a_stand_in_of_its_own_starts_from_the_books(monkeypatch, tmp_path):
+    """Built from the book's cached stand-in, so it costs only the task's own steps; the book's is
+    left as it was."""
+    from safetensors.torch import load_file
+
+    from grpolab import tiny_model
+
+    monkeypatch.setitem(tiny_model.OWN_TASK, "steps", 2)  # the recipe's shape, not its length
+    book = ensure_tiny_model()
+    before = (book / "model.safetensors").read_bytes()
+    own = ensure_tiny_model(tmp_path / "own", task="lastdigit")
+    assert (book / "model.safetensors").read_bytes() == before
+    a, b = load_file(str(book / "model.safetensors")), load_file(str(own / "model.safetensors"))
+    assert a.keys() == b.keys()
+    moved = [k for k in a if not torch.equal(a[k], b[k])]
+    assert moved, "the task's steps changed no weight"
+    # Two steps at the warm start's learning rate move weights a little, not away from the book's.
+    assert all((a[k] - b[k]).abs().max() < 0.1 for k in a), max((a[k] - b[k]).abs().max() for k in a)
 
 
 def test_the_warm_started_model_answers_in_the_format_now_and_then():
