@@ -54,7 +54,9 @@ print("arms:", ", ".join(f"{a.name} ({a.reward})" for a in lab.ARMS))
 #
 # The task: the last digit of a number. The exact reward pays one integer in one `<ans>` tag, equal to
 # the target; the loose checker pays any completion that contains the target's digits. Type your own
-# completions below: the last four are paid by the loose checker and by nothing the task declares.
+# completions below: the last five are paid by the loose checker and by nothing the task declares.
+# (On a GPU the chapter trains countdown instead, which Qwen3-4B has still to learn: there the loose
+# checker pays a completion that restates the prompt's target, right expression or not.)
 
 # %%
 import pandas as pd
@@ -71,6 +73,7 @@ completions = [
     "<ans>827</ans>",  # the prompt's number echoed
     "<ans>1, 4, 7</ans>",  # several guesses
     "<ans>0123456789</ans>",  # every digit
+    "<ans>87777</ans>",  # a run of digits: what the loose arms learn to write on the CPU
 ]
 exact, fmt = (f(None, completions, target=[target] * len(completions)) for f in task.reward_funcs)
 loose = contains_answer_reward(None, completions, [target] * len(completions))
@@ -162,8 +165,8 @@ fig.tight_layout()
 #
 # The loss adds `beta x KL(policy || reference)`: the further the policy drifts from where it
 # started, the harder it is pulled back. KL is measured when beta > 0 (with beta 0 there is no
-# reference policy to measure against, and the trainer logs 0). Held-out accuracy and the loose checker's held-out payout say how much of the
-# hack each beta let through.
+# reference policy to measure against, and the trainer logs 0). Held-out accuracy and the loose
+# checker's held-out payout say how much of the hack each beta let through.
 
 # %%
 fig, ax = plt.subplots(figsize=(6, 3.5))
