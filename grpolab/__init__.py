@@ -13,7 +13,8 @@ while it trains), comparison (budget vs measured, table, chart), oom (recognisin
 out-of-memory), endings (how a run ended: decided here, written by tracking), store (the MLflow store
 checked first), tracking (MLflow), evaluate (held-out accuracy), doctor (what held learning back),
 run_result (a run's result file, for the process that started it), sweep (a grid of runs,
-chapter 2: a package, one module per job), chapters (another chapter's train.py as a module), atomic
+chapter 2: a package, one module per job), arms (one chapter trained several ways in one process,
+each a nested run, chapter 4), chapters (another chapter's train.py as a module), atomic
 (saving whole or not at all), paths and errors (one home each).
 
 `import grpolab` stays light: `Run` and `run_lab` are imported on first use.

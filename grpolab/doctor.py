@@ -13,6 +13,13 @@ accepts. The signs it reads, all logged by TRL every step:
 and the held-out accuracy before and after training (grpolab.evaluate). Which rewards there are, the
 most each pays and its role (answer or shaping) come from the run's task (`values["task"]`), as
 declared in task.rewards, so every rule reads a reward as soon as a task declares it.
+
+A run may train on rewards its task does not declare (`reward_funcs`, with TRL's `reward_weights`):
+chapter 4 trains on a loose checker and keeps the task's exact rewards beside it at weight 0, logged
+on the same completions but paying nothing. A trained answer reward that is not the task's own is a
+proxy; when it climbs away from the task's exact answer reward on the same completions, or while
+held-out accuracy does not rise, the policy is paid for something other than the right answer, and
+the doctor names the step where the two parted.
 """
 
 from __future__ import annotations
@@ -36,6 +43,9 @@ ENTROPY_FALL = 0.25  # the last quarter's entropy under a quarter of the first's
 FLAT_SHARE = 0.02  # a reward moved by less than 2% of the most it pays
 LOW_REWARD = 0.05  # a mean reward at or below this: most completions earn nothing at all
 RARE_CORRECT = 0.01  # answer rewards paid this share of their maximum on average: the answer is out of reach
+# A proxy answer reward paying at least this share of its maximum more than the task's exact answer
+# reward, beyond the gap they started with: a fifth of the completions paid for a wrong answer.
+PROXY_GAP = 0.2
 REWARD_METRIC = re.compile(r"rewards/(.+)/mean")
 
 
@@ -108,16 +118,22 @@ def diagnose(
     after=None,
     *,
     reward_funcs: Sequence[RewardFunc] | None = None,
+    reward_weights: Sequence[float] | None = None,
 ) -> list[Finding]:
     """The findings for one run. `values`: the run's settings (what advice is rendered against, and
     `values["task"]`, whose rewards are read); `accepts`: the settings the lab's command line accepts;
-    `before`/`after`: held-out results; `reward_funcs`: the rewards, when not the task's."""
-    rewards = run_rewards(values, reward_funcs)  # before any early return: a bad call fails on every run
+    `before`/`after`: held-out results; `reward_funcs`: the rewards, when not the task's;
+    `reward_weights`: TRL's weights of those rewards (a reward at weight 0 is watched, not trained)."""
+    logged = run_rewards(values, reward_funcs)  # before any early return: a bad call fails on every run
+    weights = [1.0] * len(logged) if reward_weights is None else [float(w) for w in reward_weights]
+    if len(weights) != len(logged):
+        raise ValueError(f"{len(weights)} reward weights for {len(logged)} rewards")
+    rewards = [r for r, w in zip(logged, weights, strict=True) if w != 0]  # what the policy was paid
     rows = step_rows(history)
     findings: list[Finding] = []
     if len(rows) < MIN_STEPS:
         return findings
-    most = sum(r.max_reward for r in rewards)
+    most = sum(w * r.max_reward for r, w in zip(logged, weights, strict=True))
     answers = [r for r in rewards if r.role is RewardRole.ANSWER]
     shaping = [r for r in rewards if r.role is RewardRole.SHAPING]
 
@@ -209,6 +225,8 @@ def diagnose(
             )
         )
 
+    findings += _proxy_hacking(rows, values, rewards, before, after)
+
     if reward and not any(f.name == "no_learning_signal" for f in findings):
         first, _, _, last = quarters(reward)
         improved = after is not None and before is not None and after.accuracy > before.accuracy
@@ -221,7 +239,7 @@ def diagnose(
                 )
             )
 
-    declared = {r.metric for r in rewards}
+    declared = {r.metric for r in logged}
     undeclared = sorted({k for row in rows for k in row if REWARD_METRIC.fullmatch(k)} - declared)
     if undeclared:
         # Reported, not guessed at: with no maximum or role no rule can read it, and the run's maximum
@@ -238,6 +256,75 @@ def diagnose(
 
 
 MIN_STEPS = 4  # fewer logged steps than this tell nothing about a trend
+
+
+def _proxy_hacking(
+    rows: Sequence[dict[str, float]], values: Mapping[str, Any], trained: Sequence[RewardInfo], before, after
+) -> list[Finding]:
+    """reward_hacking by a proxy: a trained answer reward the task does not declare rose, while the
+    task's exact answer reward on the same completions (logged at weight 0) fell behind it, or, when
+    it was not logged, while held-out accuracy did not rise. Names the step the two parted."""
+    if values.get("task") is None:
+        return []
+    own = get_task(values["task"]).rewards
+    exact = [r for r in own if r.role is RewardRole.ANSWER]
+    proxies = [r for r in trained if r.role is RewardRole.ANSWER and r.name not in {o.name for o in own}]
+    held_out_rose = before is not None and after is not None and after.accuracy > before.accuracy
+    held_out = (
+        f", and held-out accuracy went {before.accuracy:.1%} -> {after.accuracy:.1%}"
+        if before is not None and after is not None
+        else ""
+    )
+    findings = []
+    for proxy in proxies:
+        paid = series(rows, proxy.metric)
+        trend = _trend(rows, proxy)
+        # A proxy that held its level while the exact reward fell is hacking too (measured: a loose
+        # checker that needs no tag kept paying while the policy dropped the tag and its accuracy).
+        if trend is None or trend[1] < trend[0] - FLAT_SHARE * proxy.max_reward:
+            continue
+        rose = trend[1] > trend[0] + FLAT_SHARE * proxy.max_reward
+        watched = next((r for r in exact if series(rows, r.metric)), None)
+        if watched is not None:
+            truth = series(rows, watched.metric)
+            n = min(len(paid), len(truth))
+            gap = [paid[i] / proxy.max_reward - truth[i] / watched.max_reward for i in range(n)]
+            first, _, _, last = quarters(gap)
+            if last - first < PROXY_GAP:
+                continue
+            start = onset(gap, [row.get("step", i + 1) for i, row in enumerate(rows) if proxy.metric in row])
+            t = _trend(rows, watched)
+            what = (
+                f"from step {start:g} {proxy.metric} {'rose' if rose else 'held'} {trend[0]:.3f} -> {trend[1]:.3f} "
+                f"while the task's own "
+                f"check on the same completions, {watched.metric}, went {t[0]:.3f} -> {t[1]:.3f}{held_out}"
+            )
+        elif rose and not held_out_rose and held_out:
+            what = f"{proxy.metric} rose {trend[0]:.3f} -> {trend[1]:.3f}{held_out}"
+        else:
+            continue
+        names = ", ".join(r.name for r in exact)
+        findings.append(
+            Finding(
+                "reward_hacking",
+                f"{what}: {proxy.name} pays completions the task calls wrong: train on the task's own "
+                f"{names} instead (score a few completions by both to see what {proxy.name} pays for)",
+            )
+        )
+    return findings
+
+
+def onset(gap: Sequence[float], steps: Sequence[float]) -> float:
+    """The step where a gap that widened over a run began to widen: the first whose window of the
+    next tenth of the run (at least 2 steps) averages a quarter of the way from the first quarter's
+    level to the last quarter's (a window, so one lucky step does not start it)."""
+    first, _, _, last = quarters(list(gap))
+    begun = first + (last - first) / 4
+    width = max(2, len(gap) // 10)
+    for i in range(len(gap)):
+        if statistics.fmean(gap[i : i + width]) >= begun:
+            return steps[i]
+    return steps[-1]
 
 
 def verdict(findings: list[Finding], before=None, after=None, steps: int | None = None) -> str:

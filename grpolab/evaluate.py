@@ -1,14 +1,18 @@
 """Held-out evaluation: did the policy learn the task, or only the reward?
 
 The task's evaluation split (`task.build_eval_dataset`) shares no problem with any training set.
-Each prompt gets one greedy completion, scored by the task's own rewards: accuracy (the correctness
-reward paid), format rate (the format reward paid) and mean completion length in tokens. On a GPU the
+Each prompt gets one greedy completion, scored by the task's own rewards, whatever the run trained
+on: accuracy (the share of completions every answer reward the task declares paid), format rate
+(every shaping reward paid) and mean completion length in tokens. A run that trained on a reward the
+task does not declare (chapter 4's loose checker) has it scored on the same completions too, beside
+the task's, as `eval/rewards/<name>`: what it pays held out, against what the task's own rewards pay. On a GPU the
 completions come from Unsloth's in-process vLLM engine (the base's weights, plus the adapter through
 a LoRA request); on a CPU from transformers' `generate`, with the adapter disabled for the base.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,15 +25,25 @@ class EvalResult:
     accuracy: float
     format_rate: float
     mean_length: float
-    # What it wrote and what each reward paid, per prompt (grpolab.completions logs them side by side).
+    # What it wrote and what each reward paid, per prompt, in the held-out rows' order: the task's own
+    # rewards and any the run trained on (grpolab.completions logs them side by side).
     completions: tuple[str, ...] = field(default=(), compare=False, repr=False)
     rewards: dict[str, list[float]] = field(default_factory=dict, compare=False, repr=False)
+    # The rewards the run trained on that the task does not declare (chapter 4's loose checker).
+    foreign: tuple[str, ...] = field(default=(), compare=False, repr=False)
+
+    def reward_means(self) -> dict[str, float]:
+        """Each reward's mean payout on these completions."""
+        return {name: sum(values) / len(values) for name, values in self.rewards.items() if values}
 
     def metrics(self) -> dict[str, float]:
+        means = self.reward_means()
         return {
             "eval/accuracy": self.accuracy,
             "eval/format_rate": self.format_rate,
             "eval/mean_completion_length": self.mean_length,
+            # The task's own are accuracy and format rate; a foreign reward's held-out payout beside them.
+            **{f"eval/rewards/{name}": means[name] for name in self.foreign if name in means},
         }
 
     def line(self) -> str:
@@ -45,31 +59,59 @@ def eval_rows(settings) -> Any:
     return get_task(settings.task).build_eval_dataset(settings.eval_prompts, settings.seed)
 
 
-def score(settings, rows, completions: list[str], lengths: list[int], which: str) -> EvalResult:
-    """The task's own rewards on one completion per held-out prompt."""
-    from task import get_task
+def score(
+    settings,
+    rows,
+    completions: list[str],
+    lengths: list[int],
+    which: str,
+    reward_funcs: Sequence[Callable[..., list[float]]] = (),
+) -> EvalResult:
+    """The task's own rewards on one completion per held-out prompt; `reward_funcs` (the run's, when
+    it trained on rewards the task does not declare) are scored beside them, never in its accuracy."""
+    from task import RewardRole, get_task, reward_info
 
     task = get_task(settings.task)
-    columns = {name: rows[name] for name in task.reward_columns}
-    paid = {
-        f.__name__: [float(v) for v in f(rows["prompt"], completions, **columns)] for f in task.reward_funcs
-    }
-    correctness, fmt = paid.values()
     n = len(completions)
+    funcs = {reward_info(f).name: f for f in (*task.reward_funcs, *reward_funcs)}
+    # Every column the rows hold, as TRL hands them to rewards: one the task does not declare may
+    # read columns besides the task's reward_columns.
+    every_column = {name: list(rows[name]) for name in rows.column_names if name != "prompt"}
+    paid = {
+        name: [float(v) for v in f(rows["prompt"], completions, **every_column)] for name, f in funcs.items()
+    }
+    own = {r.name for r in task.rewards}
+
+    def share(role: RewardRole) -> float:
+        # A completion counts when every reward of that role the task declares paid something.
+        names = [r.name for r in task.rewards if r.role is role]
+        if not names:
+            return 0.0
+        return sum(1 for i in range(n) if all(paid[name][i] > 0 for name in names)) / n
+
     return EvalResult(
         which=which,
         prompts=n,
-        accuracy=sum(1 for c in correctness if c > 0) / n,
-        format_rate=sum(1 for f in fmt if f > 0) / n,
+        accuracy=share(RewardRole.ANSWER),
+        format_rate=share(RewardRole.SHAPING),
         mean_length=sum(lengths) / n,
         completions=tuple(completions),
         rewards=paid,
+        foreign=tuple(name for name in funcs if name not in own),
     )
 
 
-def evaluate(model, tokenizer, settings, which: str, adapter_dir: Path | None = None) -> EvalResult:
+def evaluate(
+    model,
+    tokenizer,
+    settings,
+    which: str,
+    adapter_dir: Path | None = None,
+    reward_funcs: Sequence[Callable[..., list[float]]] = (),
+) -> EvalResult:
     """One greedy completion per held-out prompt, scored. `which` is "base" (the adapter off) or
-    "adapter"; on a GPU the adapter reaches vLLM from its saved folder."""
+    "adapter"; on a GPU the adapter reaches vLLM from its saved folder. `reward_funcs`: the rewards the
+    run trained on, scored beside the task's own."""
     rows = eval_rows(settings)
     prompts = [
         tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in rows["prompt"]
@@ -80,7 +122,7 @@ def evaluate(model, tokenizer, settings, which: str, adapter_dir: Path | None = 
         )
     else:
         completions, lengths = _generate_hf(model, tokenizer, prompts, settings, adapter=which == "adapter")
-    return score(settings, rows, completions, lengths, which)
+    return score(settings, rows, completions, lengths, which, reward_funcs)
 
 
 def _generate_vllm(model, prompts: list[str], settings, adapter_dir: Path | None):

@@ -29,10 +29,11 @@ from grpolab.tiny_model import ensure_tiny_model
 from grpolab.unsloth_trainer import keep_float32
 
 
-def resolve_model_path(model: str) -> str:
-    """The tiny CPU model is built and cached on first use; anything else is a path or a Hub id."""
+def resolve_model_path(model: str, task: str | None = None) -> str:
+    """The tiny CPU model is built and cached on first use (the one for `task`: the book's for the
+    book's tasks, grpolab.tiny_model); anything else is a path or a Hub id."""
     if model == "tiny-qwen3":
-        return str(ensure_tiny_model())
+        return str(ensure_tiny_model(task=task))
     path = Path(model).expanduser()
     return str(path) if path.exists() else model
 
@@ -42,7 +43,7 @@ def load_policy(s: LabSettings):
     import torch
 
     model, tokenizer = FastLanguageModel.from_pretrained(
-        model_name=resolve_model_path(s.model),
+        model_name=resolve_model_path(s.model, s.task),
         max_seq_length=s.max_seq_length,
         load_in_4bit=s.load_in_4bit,
         dtype=None if s.dtype == "auto" else getattr(torch, s.dtype),

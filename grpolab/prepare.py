@@ -157,7 +157,7 @@ def prompts(s: LabSettings):
 
     from task import get_task
 
-    tokenizer = AutoTokenizer.from_pretrained(policy.resolve_model_path(s.model))
+    tokenizer = AutoTokenizer.from_pretrained(policy.resolve_model_path(s.model, s.task))
     dataset = get_task(s.task).build_dataset(s.num_prompts, s.seed)
 
     def prompt_tokens(row: dict) -> dict:

@@ -35,6 +35,7 @@ class Run:
     comparison: Any = None
     evals: dict[str, Any] = field(default_factory=dict)  # "base" before training, "adapter" after
     summary: list[str] = field(default_factory=list)
+    findings: list[Any] = field(default_factory=list)  # the run doctor's, once the run has ended
     resume: Any = None  # grpolab.resume.Resume: the interrupted run this one continues
     boundary: Any = None  # grpolab.checkpoints.StepBoundary: each step's bookkeeping kept whole
 
@@ -130,6 +131,14 @@ class Run:
         )
         return True
 
+    def reward_funcs(self) -> tuple[tuple[Any, ...], list[float] | None]:
+        """The reward functions the trainer was built with and their weights (TRL's reward_weights,
+        None: all 1), or the task's own when no trainer was built."""
+        if self.trainer is None:
+            return tuple(self.task.reward_funcs), None
+        weights = getattr(self.trainer.args, "reward_weights", None)
+        return tuple(self.trainer.reward_funcs), None if weights is None else [float(w) for w in weights]
+
     def evaluate(self, which: str, step: int) -> None:
         """Held-out accuracy, format rate and length of `which` ("base" or "adapter"), logged as eval/*."""
         from grpolab import completions
@@ -138,7 +147,14 @@ class Run:
         if self.settings.eval_prompts == 0 or self.trainer is None:
             return
         with self.meter.probe.phase(f"eval_{which}"):
-            result = evaluate(self.trainer.model, self.tokenizer, self.settings, which, self.adapter_dir)
+            result = evaluate(
+                self.trainer.model,
+                self.tokenizer,
+                self.settings,
+                which,
+                self.adapter_dir,
+                reward_funcs=self.reward_funcs()[0],  # the task's own, and any other the run trained on
+            )
         self.evals[which] = result
         log_eval(result, step)
         if which == "adapter":  # both have answered: their completions side by side

@@ -128,6 +128,7 @@ def session(
     nested: bool = False,
     cuda=None,
     resume=None,
+    name: str | None = None,
 ) -> Iterator[Run]:
     """An MLflow run around one training: measured, ended with the status it earned, its adapter saved.
 
@@ -152,7 +153,10 @@ def session(
     if resume is not None:
         name, output_dir = resume.run.info.run_name, resume.output_dir
     else:
-        name = tracking.run_name(("rehearse-" if getattr(args, "rehearse", False) else "") + settings.profile)
+        # A name of its own when several runs share a process and a second (chapter 4's arms).
+        name = name or tracking.run_name(
+            ("rehearse-" if getattr(args, "rehearse", False) else "") + settings.profile
+        )
         output_dir = args.output_dir / settings.chapter / name
     run = Run(settings, sheet, device, args, dataset, output_dir, Meter(probe, sheet), resume=resume)
     tags = {
@@ -351,7 +355,13 @@ def _doctor(run: Run) -> str:
 
     values = {name: getattr(run.settings, name) for name in FLAGS}
     before, after = run.evals.get("base"), run.evals.get("adapter")
-    findings = doctor.diagnose(run.meter.history, values, set(FLAGS), before, after)
+    # The rewards the trainer really had, with their weights: a chapter may train on a reward its task
+    # does not declare and watch the task's own at weight 0 (chapter 4).
+    funcs, weights = run.reward_funcs()
+    run.findings = doctor.diagnose(
+        run.meter.history, values, set(FLAGS), before, after, reward_funcs=funcs, reward_weights=weights
+    )
+    findings = run.findings
     return doctor.verdict(findings, before, after, steps=len(doctor.step_rows(run.meter.history)))
 
 

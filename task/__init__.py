@@ -5,6 +5,7 @@
 | ``addition`` | a + b, both in 0..999 | one integer: ``1998`` |
 | ``countdown`` | reach a target from 3-4 numbers, each once, with + - * / | an expression: ``(50 + 3) * 2`` |
 | ``sorting`` | sort 3-8 integers in 0..99 | the list, comma-separated: ``3, 7, 7, 15`` |
+| ``lastdigit`` | the last digit of a number in 100..99999 (chapter 4's) | one integer: ``7`` |
 
 Every task pays ``correctness_reward`` 1.0 for a right answer and ``format_reward`` 0.2 for exactly one
 tag holding a well-formed answer of its type, both parsed by the task's one ``parse_answer``, so the
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from task import addition, countdown, sorting
+from task import addition, countdown, lastdigit, sorting
 from task.dataset import prompt_chars
 from task.rewards import (
     REWARDS,
@@ -167,7 +168,20 @@ SORTING = Task(
     reference_answer=sorting.reference_answer,
 )
 
-TASKS: dict[str, Task] = {t.name: t for t in (ADDITION, COUNTDOWN, SORTING)}
+LASTDIGIT = Task(
+    name=lastdigit.NAME,
+    system_prompt=lastdigit.SYSTEM_PROMPT,
+    build_dataset=lastdigit.build_dataset,
+    reward_funcs=(correctness_reward, format_reward),
+    description="Give the last digit of a number in 100..99999; answer as one integer inside <ans></ans>.",
+    build_eval_dataset=lastdigit.build_eval_dataset,
+    worst_case_prompt=lastdigit.worst_case_prompt,
+    reward_columns=lastdigit.REWARD_COLUMNS,
+    parse_answer=parse_answer,
+    reference_answer=lastdigit.reference_answer,
+)
+
+TASKS: dict[str, Task] = {t.name: t for t in (ADDITION, COUNTDOWN, SORTING, LASTDIGIT)}
 
 
 def get_task(name: str) -> Task:
@@ -182,6 +196,7 @@ def get_task(name: str) -> Task:
 __all__ = [
     "ADDITION",
     "COUNTDOWN",
+    "LASTDIGIT",
     "REWARDS",
     "SORTING",
     "TASKS",

@@ -366,6 +366,57 @@ def cpu_sweep(tmp_path_factory):
     }
 
 
+# --- chapter 4: every arm, run once as the README runs it ------------------------------------------
+README_HACKING = ["uv", "run", "python", "labs/grpo-reward-hacking/train.py"]
+
+
+@pytest.fixture(scope="session")
+def cpu_hacking(tmp_path_factory):
+    """`uv run python labs/grpo-reward-hacking/train.py`: every arm of the README's command, once, in
+    its own MLflow store, then read back. Shared by the chapter's tests and its notebook's, which
+    reads these arms back instead of training its own."""
+    import json
+
+    import mlflow
+
+    if HAS_CUDA:
+        pytest.skip("runs the CPU arms; on a GPU the same command trains Qwen3-4B")
+    store = tmp_path_factory.mktemp("hacking")
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONUNBUFFERED": "1"}
+    command = README_HACKING if shutil.which("uv") else [sys.executable, *README_HACKING[3:]]
+    started = time.perf_counter()
+    result = subprocess.run(
+        [*command, "--output-dir", str(store / "outputs")],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    seconds = time.perf_counter() - started
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    mlflow.set_tracking_uri(uri)
+    client = mlflow.MlflowClient(uri)
+    runs = mlflow.search_runs(experiment_names=["grpo-reward-hacking"], output_format="list")
+    (parent,) = [r for r in runs if r.data.tags.get("run_kind") == "arms"]
+    children = {
+        r.data.tags["arm"]: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+    }
+    record = json.loads(
+        Path(client.download_artifacts(parent.info.run_id, "arms/arms.json", str(store))).read_text()
+    )
+    yield {
+        "parent": parent,
+        "children": children,
+        "arms": {a["arm"]: a for a in record["arms"]},
+        "client": client,
+        "stdout": result.stdout,
+        "seconds": seconds,
+        "store": store,
+    }
+
+
 # --- a GPU machine as NVML and torch.cuda show it, for the order in which they are read ----------------
 class FakeNVML:
     """pynvml's calls the module makes, over a list of cards (the hardware this machine lacks). Each

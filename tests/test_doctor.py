@@ -297,3 +297,114 @@ def test_an_answer_reward_rising_is_not_a_shaping_reward_rising(registered):
         }
     )
     assert "reward_hacking" not in names(diagnose(rows, registered(RICH), set(FLAGS)))
+
+
+# --- chapter 4: a proxy reward trained, the task's exact reward watched at weight 0 ------------------
+LOOSE_RUN = {**VALUES, "task": "lastdigit"}
+
+
+def _loose_rewards():
+    from task.loose import contains_answer_reward
+
+    return (contains_answer_reward, *task.LASTDIGIT.reward_funcs), [1.0, 0.0, 0.0]
+
+
+def proxy_history(proxy, exact, steps: int = STEPS) -> list[dict[str, float]]:
+    """The loose arm's logs: the proxy's and the task's exact reward on the same completions, per step."""
+    rows = history(
+        **{
+            "rewards/contains_answer_reward/mean": proxy,
+            "rewards/correctness_reward/mean": exact,
+            "rewards/format_reward/mean": lambda t: 0.1,
+            "reward": proxy,
+        }
+    )
+    return rows[:steps]
+
+
+def test_a_proxy_climbing_away_from_the_exact_reward_is_hacking_named_at_the_step_it_began():
+    funcs, weights = _loose_rewards()
+    # The two move together for the first 15 steps (of 40), then the proxy climbs alone.
+    start = 15 / (STEPS - 1)
+    rows = proxy_history(
+        lambda t: 0.2 + (0.75 * (t - start) / (1 - start) if t > start else 0.0), lambda t: 0.2
+    )
+    before, after = EvalResult("base", 64, 0.2, 0.3, 6.0), EvalResult("adapter", 64, 0.05, 0.1, 9.0)
+    findings = diagnose(
+        rows, LOOSE_RUN, set(FLAGS), before, after, reward_funcs=funcs, reward_weights=weights
+    )
+    (hack,) = [f for f in findings if f.name == "reward_hacking"]
+    step = int(re.search(r"from step (\d+)", str(hack)).group(1))
+    assert 16 <= step <= 24, str(hack)  # the climb starts after step 16; the doctor sees it within a few
+    assert "rewards/contains_answer_reward/mean rose 0.200" in str(hack)
+    assert "rewards/correctness_reward/mean, went 0.200 -> 0.200" in str(hack)
+    assert "held-out accuracy went 20.0% -> 5.0%" in str(hack)
+    assert "train on the task's own correctness_reward" in str(hack)
+    # The watched rewards pay nothing: the run's maximum is the proxy's alone, so no "flat" finding.
+    assert "reward_flat" not in names(findings)
+
+
+def test_a_proxy_rising_with_the_exact_reward_is_not_hacking():
+    funcs, weights = _loose_rewards()
+    rows = proxy_history(lambda t: 0.2 + 0.7 * t, lambda t: 0.15 + 0.7 * t)  # it pays right answers
+    before, after = EvalResult("base", 64, 0.2, 0.3, 6.0), EvalResult("adapter", 64, 0.8, 0.9, 5.0)
+    findings = diagnose(
+        rows, LOOSE_RUN, set(FLAGS), before, after, reward_funcs=funcs, reward_weights=weights
+    )
+    assert "reward_hacking" not in names(findings)
+
+
+def test_a_proxy_nobody_watched_is_judged_by_the_held_out_accuracy():
+    from task.loose import contains_answer_reward
+
+    rows = [
+        {k: v for k, v in row.items() if k != "rewards/correctness_reward/mean"}
+        for row in proxy_history(lambda t: 0.2 + 0.7 * t, lambda t: 0.0)
+    ]
+    funcs = (contains_answer_reward, task.LASTDIGIT.reward_funcs[1])
+    flat = EvalResult("base", 64, 0.2, 0.3, 6.0), EvalResult("adapter", 64, 0.2, 0.9, 9.0)
+    rose = EvalResult("base", 64, 0.2, 0.3, 6.0), EvalResult("adapter", 64, 0.6, 0.9, 5.0)
+    assert "reward_hacking" in names(diagnose(rows, LOOSE_RUN, set(FLAGS), *flat, reward_funcs=funcs))
+    assert "reward_hacking" not in names(diagnose(rows, LOOSE_RUN, set(FLAGS), *rose, reward_funcs=funcs))
+    assert "reward_hacking" not in names(
+        diagnose(rows, LOOSE_RUN, set(FLAGS), reward_funcs=funcs)
+    )  # no evidence
+
+
+def test_the_honest_arm_trained_on_the_tasks_own_rewards_is_not_hacking():
+    rows = history()  # correctness and format rising together
+    before, after = EvalResult("base", 64, 0.2, 0.3, 6.0), EvalResult("adapter", 64, 0.6, 0.9, 5.0)
+    findings = diagnose(
+        rows,
+        LOOSE_RUN,
+        set(FLAGS),
+        before,
+        after,
+        reward_funcs=task.LASTDIGIT.reward_funcs,
+        reward_weights=[1, 1],
+    )
+    assert "reward_hacking" not in names(findings)
+
+
+def test_reward_weights_must_match_the_rewards():
+    funcs, _ = _loose_rewards()
+    with pytest.raises(ValueError, match="2 reward weights for 3 rewards"):
+        diagnose(history(), LOOSE_RUN, set(FLAGS), reward_funcs=funcs, reward_weights=[1, 0])
+
+
+def test_a_proxy_that_holds_while_the_exact_reward_falls_is_hacking_too():
+    """Measured on the stand-in: the loose checker kept paying while the policy dropped the tag."""
+    funcs, weights = _loose_rewards()
+    rows = proxy_history(lambda t: 0.9, lambda t: 0.8 - 0.7 * t)
+    findings = diagnose(rows, LOOSE_RUN, set(FLAGS), reward_funcs=funcs, reward_weights=weights)
+    (hack,) = [f for f in findings if f.name == "reward_hacking"]
+    assert "rewards/contains_answer_reward/mean held 0.900 -> 0.900" in str(hack)
+    assert "reward_hacking" not in names(
+        diagnose(
+            proxy_history(lambda t: 0.9 - 0.5 * t, lambda t: 0.8 - 0.7 * t),
+            LOOSE_RUN,
+            set(FLAGS),
+            reward_funcs=funcs,
+            reward_weights=weights,
+        )
+    ), "a proxy that fell with it is a run that got worse, not a hack"

@@ -62,9 +62,12 @@ def test_notebook_executes_from_a_clean_kernel(path, tmp_path, monkeypatch, requ
     # The kernel inherits this environment: its own MLflow store, like the lab's tests. The sizing
     # notebook reads back the sweep its chapter's tests ran once (tests/conftest.py: cpu_sweep),
     # as it reads the README's sweep from a user's store, instead of running a sweep of its own.
+    # Chapter 4's reads back the arms its chapter's tests ran once (cpu_hacking) the same way.
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    if path.stem.endswith("grpo-sizing") and not HAS_CUDA:
-        store = f"sqlite:///{request.getfixturevalue('cpu_sweep')['store'] / 'mlflow.db'}"
+    shared = {"grpo-sizing": "cpu_sweep", "grpo-reward-hacking": "cpu_hacking"}
+    fixture = next((f for chapter, f in shared.items() if path.stem.endswith(chapter)), None)
+    if fixture is not None and not HAS_CUDA:
+        store = f"sqlite:///{request.getfixturevalue(fixture)['store'] / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     chapter = path.stem.split("-", 1)[1]
     mlflow.set_tracking_uri(store)

@@ -39,6 +39,11 @@ RUN_ELSEWHERE = {
         "tests/conftest.py",
         'README_SWEEP_REFUSED = ["uv", "run", "python", "labs/grpo-sizing/train.py", "--run-refused"]',
     ),
+    # Chapter 4: its fixture runs the README's command once (every arm), shared with its notebook.
+    "uv run python labs/grpo-reward-hacking/train.py": (
+        "tests/conftest.py",
+        'README_HACKING = ["uv", "run", "python", "labs/grpo-reward-hacking/train.py"]',
+    ),
     # Chapter 1's other commands: the end-to-end test scores the adapter its shared run saved; the
     # wave of lab processes (tests/conftest.py) rehearses the CPU profile and trains countdown.
     "uv run python labs/grpo-first/train.py --eval-only outputs/grpo-first/<run>/adapter": (

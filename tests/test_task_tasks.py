@@ -31,6 +31,8 @@ def _problem_key(name: str, row: dict[str, Any]) -> tuple:
         return ("countdown", tuple(sorted(row["numbers"])), row["target"])
     if name == "sorting":
         return ("sorting", tuple(sorted(row["numbers"])))
+    if name == "lastdigit":
+        return ("lastdigit", row["number"])
     raise AssertionError(f"add {name!r} to _problem_key: the disjointness test must know its problems")
 
 

@@ -26,6 +26,7 @@ WRONG: dict[str, Callable[[dict[str, Any]], str]] = {
     "addition": lambda row: str(row["target"] + 1),
     "countdown": lambda row: row["solution"] + " + 0",  # 0 is not one of the given numbers
     "sorting": lambda row: ", ".join(map(str, row["target"])) + ", 100",  # one number too many
+    "lastdigit": lambda row: str((row["target"] + 1) % 10),
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -101,6 +102,71 @@ def test_the_cached_model_is_recognised_by_its_recipe(monkeypatch):
     before = tiny_model.default_cache()
     monkeypatch.setitem(tiny_model.WARM_START, "steps", 201)
     assert tiny_model.default_cache() != before, "a changed recipe must not reuse the old model"
+
+
+def test_a_task_added_to_the_registry_does_not_change_the_books_stand_in(monkeypatch, tokenizer):
+    """Chapters 1-3 keep their stand-in (and its cache) whatever tasks are registered later; a run on a
+    task outside the book's gets a stand-in of its own: the book's, warm-started further on that task."""
+    import dataclasses
+
+    import task
+    from grpolab import tiny_model
+
+    book = tiny_model.recipe_hash()
+    book_pairs = tiny_model.warm_start_texts(tokenizer)
+    # The pairs the cached book stand-in was warm-started on (digest taken from the code before any
+    # task of its own existed): a change here changes chapters 1-3's model under an unchanged name.
+    digest = hashlib.sha256(json.dumps(book_pairs).encode()).hexdigest()[:16]
+    assert (book, digest) == ("2a5cc78dd36f", "fdef10e51f4e97a7")
+    monkeypatch.setitem(task.TASKS, "addition-too", dataclasses.replace(task.ADDITION, name="addition-too"))
+    assert tiny_model.recipe_hash() == book and tiny_model.recipe_hash("addition") == book
+    assert tiny_model.warm_start_texts(tokenizer) == book_pairs
+    own_hash = tiny_model.recipe_hash("lastdigit")
+    assert own_hash not in (book, tiny_model.recipe_hash("addition-too"))
+    monkeypatch.setitem(tiny_model.WARM_START, "steps", 201)  # the book's recipe changes: so does the task's
+    assert tiny_model.recipe_hash("lastdigit") != own_hash
+
+
+def test_a_task_of_its_own_is_answered_right_now_and_then_and_sometimes_echoed(tokenizer):
+    """The rows a stand-in of its own is warm-started on: a share answered right, a share echoing the
+    prompt's number (what a loose checker pays), the rest another row's answer; never all right."""
+    import task
+    from grpolab import tiny_model
+
+    own = tiny_model.own_task_texts(tokenizer, "lastdigit")
+    rows = task.LASTDIGIT.build_dataset(tiny_model.OWN_TASK["rows"], tiny_model.BUILD_SEED + 1)
+    assert len(own) == len(rows) == tiny_model.OWN_TASK["rows"]
+    answers = [c.replace("<ans>", "").replace("</ans>", "").removesuffix("<|im_end|>") for _, c in own]
+    right = sum(a == str(row["target"]) for a, row in zip(answers, rows, strict=True)) / len(own)
+    echoed = sum(a == str(row["number"]) for a, row in zip(answers, rows, strict=True)) / len(own)
+    tagged = sum(c.startswith("<ans>") for _, c in own) / len(own)
+    known, echo = tiny_model.OWN_TASK["known"], tiny_model.OWN_TASK["echo"]
+    # `known` right on purpose, plus another row's answer that happens to share the digit (about one in
+    # ten of the rest).
+    assert known - 0.05 <= right <= known + 0.1, right
+    assert abs(echoed - echo) < 0.05, echoed
+    assert abs(tagged - tiny_model.WARM_START["tagged"]) < 0.05, tagged
+    assert all(p.startswith("<|im_start|>system") and p.endswith("<|im_start|>assistant\n") for p, _ in own)
+
+
+def test_a_stand_in_of_its_own_starts_from_the_books(monkeypatch, tmp_path):
+    """Built from the book's cached stand-in, so it costs only the task's own steps; the book's is
+    left as it was."""
+    from safetensors.torch import load_file
+
+    from grpolab import tiny_model
+
+    monkeypatch.setitem(tiny_model.OWN_TASK, "steps", 2)  # the recipe's shape, not its length
+    book = ensure_tiny_model()
+    before = (book / "model.safetensors").read_bytes()
+    own = ensure_tiny_model(tmp_path / "own", task="lastdigit")
+    assert (book / "model.safetensors").read_bytes() == before
+    a, b = load_file(str(book / "model.safetensors")), load_file(str(own / "model.safetensors"))
+    assert a.keys() == b.keys()
+    moved = [k for k in a if not torch.equal(a[k], b[k])]
+    assert moved, "the task's steps changed no weight"
+    # Two steps at the warm start's learning rate move weights a little, not away from the book's.
+    assert all((a[k] - b[k]).abs().max() < 0.1 for k in a), max((a[k] - b[k]).abs().max() for k in a)
 
 
 def test_the_warm_started_model_answers_in_the_format_now_and_then():
