@@ -263,25 +263,27 @@ def verdict(results: Sequence[dict[str, Any]]) -> str:
 
 def chart(results: Sequence[dict[str, Any]]):
     """Per arm: the reward it was paid and the task's exact reward on the same completions, per step,
-    with held-out accuracy before and after as markers; beside it, KL to the reference per step."""
+    with held-out accuracy before and after as markers; below it, KL to the reference per step."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    # One above the other, 7 inches wide: the run's description shows the image at its own width, and
+    # side by side (12 inches) its right half was cut off there (MLflow 3.17).
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 9.5), height_ratios=(3, 2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, r in enumerate(results):
         color = colors[i % len(colors)]
         steps = r["steps"][: len(r["paid"])]
-        left.plot(
+        top.plot(
             steps,
             _smooth(r["paid"]),
             color=color,
             label=f"{r['arm']}: paid ({r['paid_metric'].split('/')[1]})",
         )
         if r["exact"] and r["exact_metric"] != r["paid_metric"]:
-            left.plot(
+            top.plot(
                 steps,
                 _smooth(r["exact"]),
                 color=color,
@@ -290,7 +292,7 @@ def chart(results: Sequence[dict[str, Any]]):
             )
         held = r["held_out"]
         if {"base", "adapter"} <= set(held):
-            left.plot(
+            top.plot(
                 [0, steps[-1] if steps else 1],
                 [held["base"]["accuracy"], held["adapter"]["accuracy"]],
                 color=color,
@@ -299,18 +301,19 @@ def chart(results: Sequence[dict[str, Any]]):
                 label=f"{r['arm']}: held-out accuracy",
             )
         if r["kl"]:
-            right.plot(
+            bottom.plot(
                 r["steps"][: len(r["kl"])], r["kl"], color=color, label=f"{r['arm']} (beta {r['beta']:g})"
             )
-    left.set(
+    top.set(
         xlabel="step",
         ylabel="share of completions paid",
         title="paid vs the task's exact check",
         ylim=(-0.02, 1.02),
     )
-    left.legend(fontsize=7)
-    right.set(xlabel="step", ylabel="KL to the reference (per token)", title="drift: how far each arm went")
-    right.legend(fontsize=7)
+    # Under the plot, not over the curves: four arms make twelve entries.
+    top.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
+    bottom.set(xlabel="step", ylabel="KL to the reference (per token)", title="drift: how far each arm went")
+    bottom.legend(fontsize=7)
     fig.tight_layout()
     return fig
 

@@ -74,11 +74,11 @@ def test_the_completions_sit_side_by_side_and_cannot_break_the_table():
 
 def test_the_chart_draws_paid_exact_and_held_out_per_arm_and_kl_beside():
     fig = arms.chart(RECORDS)
-    left, right = fig.axes
-    labels = [line.get_label() for line in left.get_lines()]
+    top, bottom = fig.axes  # paid vs exact above, KL below
+    labels = [line.get_label() for line in top.get_lines()]
     assert "loose: exact, same completions" in labels and "exact: held-out accuracy" in labels
     assert "exact: exact, same completions" not in labels  # the exact arm is paid by the exact reward
-    assert len(right.get_lines()) == 2  # beta 0 logs no KL
+    assert len(bottom.get_lines()) == 2  # beta 0 logs no KL
 
 
 @pytest.mark.parametrize(
