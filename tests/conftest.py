@@ -228,7 +228,10 @@ class FileSizeLimit:
 
     def _watch(self, lab: Lab) -> None:
         while lab.process.poll() is None:
-            whole = [p.parent for p in lab.output.glob("grpo-first/*/checkpoint-*/trainer_state.json")]
+            # trainer_state.json is the trainer's last file of a checkpoint: whole once it parses (it
+            # exists, empty, while it is written: a snapshot then recorded it as 0 bytes, CI 2026-12-02).
+            states = lab.output.glob("grpo-first/*/checkpoint-*/trainer_state.json")
+            whole = [p.parent for p in states if _parses(p)]
             if whole:
                 self.limit = self.store_db.stat().st_size + 1024**2
                 resource.prlimit(lab.process.pid, resource.RLIMIT_FSIZE, (self.limit, self.limit))
@@ -238,6 +241,16 @@ class FileSizeLimit:
                     }
                 return
             time.sleep(0.05)
+
+
+def _parses(path: Path) -> bool:
+    import json
+
+    try:
+        json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 @pytest.fixture(scope="session")
