@@ -188,10 +188,9 @@ def log_eval(result, step: int) -> None:
 
     from grpolab import tracking
 
-    mlflow.log_metrics(result.metrics() | tracking.glance(result.metrics()), step=step)
-    mlflow.log_metrics(
-        {f"eval/{result.which}_{k.removeprefix('eval/')}": v for k, v in result.metrics().items()}
-    )
+    metrics = result.metrics()
+    mlflow.log_metrics(metrics | tracking.glance(metrics), step=step)
+    mlflow.log_metrics({f"eval/{result.which}_{k.removeprefix('eval/')}": v for k, v in metrics.items()})
 
 
 def evaluate_saved(settings, device, args, card_note: str, cuda=None) -> None:

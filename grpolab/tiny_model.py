@@ -13,8 +13,9 @@ to reinforce. A run on another task (chapter 4's `lastdigit`) gets a stand-in of
 warm-started 250 steps more on 1200 of that task's rows, half of them answered right and a fifth
 echoing the prompt's number. Measured 2026-12-02 (2-core CPU): 37.5% of 64 held-out prompts right,
 greedy, before any GRPO, so GRPO has right answers to reinforce and room to raise them, and about
-30 seconds to build on top of the book's. A purely random model lands the format (exactly one tag holding a well-formed answer) in well under 1% of samples, too rarely
-for a group of 16 to hold a success. Built once, then cached as an ordinary `save_pretrained` folder
+30 seconds to build on top of the book's. A purely random model lands the format (exactly one tag
+holding a well-formed answer) in well under 1% of samples, too rarely for a group of 16 to hold a
+success. Built once, then cached as an ordinary `save_pretrained` folder
 that Unsloth and transformers load like any model from the Hub, under a name that changes with the
 recipe, and under a lock so two first runs build it once.
 """
