@@ -17,8 +17,8 @@ import argparse
 import sys
 
 from grpolab import endings, store, tracking
+from grpolab.errors import EXIT_BAD_INPUT, refuse
 
-EXIT_BAD_INPUT = 2
 STATES = {
     "alive": "its process is alive",
     "dead": "its process died without closing it",
@@ -48,8 +48,7 @@ def runs(reconcile: bool) -> int:
     try:
         store.require(uri)
     except store.StoreError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return refuse(err)
     path = store.sqlite_path(uri)
     if path is not None and not path.exists():
         print(f"No MLflow store at {path} yet: no runs.")

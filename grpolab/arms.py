@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 
 from budgets import BudgetError
 from grpolab.doctor import quarters, series, step_rows
+from grpolab.errors import refuse
 from grpolab.settings import LabSettingsError
 
 CHART = "arms/reward_vs_held_out.png"
@@ -75,7 +75,7 @@ def main(
     args = parser(doc.split("\n\n")[0] if doc else "", arms).parse_args(argv)
     console.quiet_library_noise()  # before Unsloth's import, as every lab does
     if args.resume is not None:
-        return _refuse(
+        return refuse(
             "--resume: the arms are compared from the same start, so a stopped chapter is run again; "
             "to train some arms only, pass --arms (e.g. --arms exact,loose)"
         )
@@ -83,14 +83,14 @@ def main(
     chosen = [name.strip() for name in args.arms.split(",") if name.strip()]
     unknown = [name for name in chosen if name not in by_name]
     if unknown or not chosen:
-        return _refuse(
+        return refuse(
             f"--arms: unknown arm {unknown[0] if unknown else '(none)'}; known: {', '.join(by_name)}"
         )
     if args.budget_only:
         try:
             print(budget_only(lab_dir, args))
         except (LabSettingsError, BudgetError) as err:
-            return _refuse(str(err))
+            return refuse(err)
         return 0
     try:
         store.require(tracking.tracking_uri())
@@ -102,7 +102,7 @@ def main(
         cuda = cuda_env.configure(settings.unsloth_vllm_standby)
         dataset = prompts(settings)
     except (LabSettingsError, BudgetError, store.StoreError) as err:
-        return _refuse(str(err))
+        return refuse(err)
     if cuda.note:
         print(cuda.note, flush=True)
     try:
@@ -168,13 +168,6 @@ def _run(lab_dir, chosen, train, args, settings, sheet, device, card_note, cuda,
         f"Open it: uv run mlflow ui --backend-store-uri {tracking.tracking_uri()}, then {tracking.run_url(parent)}"
     )
     return 0
-
-
-def _refuse(message: str) -> int:
-    from grpolab.endings import EXIT_BAD_INPUT
-
-    print(f"error: {message}", file=sys.stderr)
-    return EXIT_BAD_INPUT
 
 
 def summary(arm: Arm, run) -> dict[str, Any]:

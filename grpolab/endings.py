@@ -38,9 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from budgets.units import GIB, MIB
+from grpolab.errors import EXIT_BAD_INPUT
 
-# Exit codes: bad input, out of memory, a full disk; a signal exits 128 + its number (130 for Ctrl-C).
-EXIT_BAD_INPUT, EXIT_OUT_OF_MEMORY, EXIT_DISK_FULL = 2, 3, 4
+# Exit codes: bad input (grpolab.errors), out of memory, a full disk; a signal exits 128 + its number
+# (130 for Ctrl-C).
+EXIT_OUT_OF_MEMORY, EXIT_DISK_FULL = 3, 4
+__all__ = ["EXIT_BAD_INPUT", "EXIT_DISK_FULL", "EXIT_OUT_OF_MEMORY"]
 
 # The signals a run ends on, with who usually sends them (for the run's description).
 CATCHABLE = {

@@ -86,6 +86,7 @@ class MemoryProbe:
         self._sampler = Sampler(self._read, interval_s)
         self._started = False
         self._peak_resets: dict[tuple[object, str], Callable] = {}  # torch's resets, while guarded
+        self._uncapped: tuple[int, int] | None = None  # the address-space limit before `cap`
 
     def _read(self) -> int:
         if not self.on_gpu:
@@ -175,7 +176,17 @@ class MemoryProbe:
                 import torch.fx.experimental.validator
 
             limit = psutil.Process().memory_info().vms + int(gib * GIB)
-            resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+            self._uncapped = resource.getrlimit(resource.RLIMIT_AS)
+            resource.setrlimit(resource.RLIMIT_AS, (limit, self._uncapped[1]))
+
+    def uncap(self) -> None:
+        """Lift the rehearsal's cap once it has done its job (the run ran out of memory): recording how
+        the run ended (MLflow, the checkpoint) must not run out too. A real out-of-memory has freed the
+        failed step's memory by then; a capped one has not always, depending on where the allocator
+        keeps what was freed."""
+        if self._uncapped is not None:
+            resource.setrlimit(resource.RLIMIT_AS, self._uncapped)
+            self._uncapped = None
 
     # --- phases ---------------------------------------------------------------------------------
     def _fold(self) -> None:

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from budgets import BudgetError
 from grpolab import run_result
-from grpolab.endings import EXIT_BAD_INPUT, EXIT_OUT_OF_MEMORY
+from grpolab.endings import EXIT_OUT_OF_MEMORY
+from grpolab.errors import refuse
 from grpolab.flags import parser
 from grpolab.memory_names import MEMORY_UNITS, memory_key, memory_unit
 from grpolab.oom import OutOfMemory
@@ -44,26 +45,26 @@ def run_lab(lab_dir: Path, train: Callable[[Run], None], argv: list[str] | None 
     console.quiet_library_noise()  # before Unsloth's import: its and torch's warnings about themselves
 
     if args.budget_only and args.resume is not None:
-        return _refuse(
+        return refuse(
             LabSettingsError("resume: --budget-only trains nothing: drop --resume, or --budget-only")
         )
     if args.budget_only:  # the sheet alone: no store, no model, nothing written
         try:
             print(budget_only(lab_dir, args))
         except (LabSettingsError, BudgetError) as err:
-            return _refuse(err)
+            return refuse(err)
         return 0
     try:  # first: a wrong tracking URI costs seconds and one line, not a loaded model
         store.require(tracking.tracking_uri())
     except store.StoreError as err:
-        return _refuse(err)
+        return refuse(err)
     try:
         resume = _resume_target(lab_dir, args)
         device, settings, sheet, card_note = prepare(lab_dir, args, resume)
         # Before anything touches CUDA: standby's switch, then Unsloth, which configures the allocator.
         cuda = cuda_env.configure(settings.unsloth_vllm_standby)
     except (LabSettingsError, BudgetError) as err:
-        return _refuse(err)
+        return refuse(err)
     if cuda.note:
         print(cuda.note, flush=True)
     if args.eval_only is not None:
@@ -72,12 +73,12 @@ def run_lab(lab_dir: Path, train: Callable[[Run], None], argv: list[str] | None 
         try:
             evaluate_saved(settings, device, args, card_note, cuda)
         except LabSettingsError as err:
-            return _refuse(err)
+            return refuse(err)
         return 0
     try:
         dataset = prompts(settings)
     except LabSettingsError as err:  # found only once the tokenizer exists (prompt lengths)
-        return _refuse(err)
+        return refuse(err)
     try:
         with session(settings, sheet, device, args, dataset, card_note, cuda=cuda, resume=resume) as run:
             train(run)
@@ -110,11 +111,6 @@ def _resume_target(lab_dir: Path, args: argparse.Namespace):
         )
     chapter = read_lab_toml(lab_dir).get("chapter", Path(lab_dir).name)
     return resume.find(args.resume, chapter, tracking.client())
-
-
-def _refuse(err: Exception) -> int:
-    print(f"error: {err}", file=sys.stderr)
-    return EXIT_BAD_INPUT
 
 
 @contextmanager
@@ -210,6 +206,7 @@ def session(
                 if not is_out_of_memory(error):
                     tracking.describe_ending(*endings.failed(error, run))
                     raise
+                probe.uncap()  # a rehearsed out-of-memory: the ending is recorded with room to do it
                 message = log_out_of_memory(run, error, FLAGS)
                 again = _resume_line(run, _save_stopped_checkpoint(run), oom=True)
                 if again:

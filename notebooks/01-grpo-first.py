@@ -51,7 +51,8 @@ else:
 # Everything the lab trains with is the book's recipe (`grpolab/recipe.toml`: shared values at the
 # top, a table per profile below), which chapter 1's `labs/grpo-first/lab.toml` trains as it is; a
 # later chapter's lab.toml states only what it changes. The names are TRL's and Unsloth's, and each
-# is a flag of the lab (`--num-generations 4`). A short run here: fewer steps than the script's default.
+# is a flag of the lab (`--num-generations 4`). If the store holds no run of the lab yet, section 6
+# trains a short one: fewer steps than the script's default.
 
 # %%
 from grpolab.settings import check, lab_settings
@@ -231,27 +232,41 @@ else:
     print("On the GPU the policy is loaded by the run below.")
 
 # %% [markdown]
-# ## 6. A short GRPO run
+# ## 6. The lab's run
 #
-# The lab's own `main`, with the same settings plus a shorter run. It prints the budget sheet again,
-# trains, measures, saves the adapter and logs everything to MLflow.
+# The run this notebook reads is the one the README's command trains
+# (`uv run python labs/grpo-first/train.py`): its latest finished run of this profile in the store. If
+# there is none yet, the cell below runs the lab's own `main` here, shorter than the script's default;
+# either way the lab printed its budget sheet, trained, measured, saved the adapter and logged
+# everything to MLflow.
 
 # %%
 import mlflow
 
 from grpolab import tracking
 
-exit_code = lab.main(["--profile", profile, "--max-steps", str(STEPS)])
-assert exit_code == 0, f"the lab exited with {exit_code}"
-
 tracking.use_store()
-run = mlflow.search_runs(
-    experiment_names=[settings.chapter],
-    order_by=["attributes.start_time DESC"],
-    max_results=1,
-    output_format="list",
-)[0]
-print("run", run.info.run_id, run.info.status)
+
+
+def latest_run():
+    found = mlflow.search_runs(
+        experiment_names=[settings.chapter],
+        filter_string=(
+            f"tags.run_kind = 'train' and tags.profile = '{profile}' and attributes.status = 'FINISHED'"
+        ),
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+        output_format="list",
+    )
+    return found[0] if found else None
+
+
+run = latest_run()
+if run is None:
+    exit_code = lab.main(["--profile", profile, "--max-steps", str(STEPS)])
+    assert exit_code == 0, f"the lab exited with {exit_code}"
+    run = latest_run()
+print("run", run.info.run_id, run.info.run_name, run.info.status, f"({run.data.params['max_steps']} steps)")
 
 # %% [markdown]
 # ## 7. Reading the run back from MLflow

@@ -7,13 +7,14 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import LAB_DIR
 
 from budgets import Plan, advice, compute
 from budgets.cli import parser as budget_parser
 from budgets.plan import PLAN_FIELDS
 from grpolab.session import parser as lab_parser
 from grpolab.settings import FLAGS, lab_settings
+
+from suite import LAB_DIR
 
 COMMANDS = {
     "python -m budgets": (budget_parser, set(PLAN_FIELDS)),

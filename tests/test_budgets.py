@@ -27,13 +27,13 @@ from budgets import (
 )
 from budgets.cli import main
 from budgets.plan import PLAN_FIELDS
+from budgets.units import GIB
 from budgets.vllm_rules import unsloth_standby_util
 from budgets.vocabulary import flag, flag_text
 from grpolab.settings import add_flags, lab_settings, overrides_from
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "labs" / "grpo-first"
-GIB = 1 << 30
 
 STABLE = {
     "cuda_context",
@@ -175,25 +175,6 @@ def test_the_share_is_unsloths_util_times_free_memory():
         for o in (0.0, 1.0)
     ]
     assert (kv[0] - kv[1]) / GIB == pytest.approx(0.45, abs=0.01)
-
-
-def test_the_sheets_share_equals_unsloth_zoos_own_arithmetic():
-    """The share the sheet budgets equals what unsloth_zoo's approximate_vllm_memory_usage hands vLLM,
-    run from its installed source with the card's free memory."""
-    from test_budgets_libraries import _unsloth_functions, hf_config
-
-    total = get_card("rtx-5080").memory_bytes
-    for other in (0.0, 1.5):
-        sheet = compute(lab_plan(other_processes_gib=other))
-        info = sheet.metrics["vllm"]
-        fns = _unsloth_functions(info["free_at_start_bytes"], total)
-        handed = fns["approximate_vllm_memory_usage"](
-            hf_config("qwen3-4b"),
-            load_in_4bit=True,
-            max_seq_length=1024,
-            gpu_memory_utilization=lab_settings(LAB, "gpu").gpu_memory_utilization,
-        )[2]
-        assert info["requested_bytes"] == math.ceil(total * handed)
 
 
 def test_cpu_profile_sheet():

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import os
 from pathlib import Path
 
 import pytest
 import torch
 
-from budgets import Plan, compute, load_shape
+from budgets import Plan, compute, get_card, load_shape
 from budgets.arithmetic import (
     adam_state_bytes,
     base_weight_parts,
@@ -27,6 +28,9 @@ from budgets.arithmetic import (
 )
 from budgets.shapes import LINEARS
 from budgets.vllm_rules import unsloth_approximate, unsloth_weight_bytes
+from grpolab.settings import lab_settings
+
+from suite import LAB_DIR, gpu_only
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "budgets" / "models"
@@ -393,10 +397,7 @@ def test_activation_line_against_the_profiler(checkpointing, tmp_path):
 # --- On a GPU only ------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(
-    not torch.cuda.is_available(),
-    reason="checks the cuda_context line against NVML's used memory after CUDA init",
-)
+@gpu_only("checks the cuda_context line against NVML's used memory after CUDA init")
 def test_cuda_context_line_on_gpu():
     import pynvml
 
@@ -455,3 +456,20 @@ def test_the_sheets_standby_follows_unsloth_zoos_source():
     sheet = compute(lab_settings("labs/grpo-first", "gpu").plan().with_(unsloth_vllm_standby=True))
     assert tuple(sheet.line("kv_cache").phases) == ("start", "generate")
     assert tuple(sheet.line("base_weights").phases) == ("start", "generate", "train")
+
+
+def test_the_sheets_share_equals_unsloth_zoos_own_arithmetic():
+    """The share the sheet budgets equals what unsloth_zoo's approximate_vllm_memory_usage hands vLLM,
+    run from its installed source with the card's free memory."""
+    total = get_card("rtx-5080").memory_bytes
+    for other in (0.0, 1.5):
+        sheet = compute(lab_settings(LAB_DIR, "gpu", {"other_processes_gib": other}).plan())
+        info = sheet.metrics["vllm"]
+        fns = _unsloth_functions(info["free_at_start_bytes"], total)
+        handed = fns["approximate_vllm_memory_usage"](
+            hf_config("qwen3-4b"),
+            load_in_4bit=True,
+            max_seq_length=1024,
+            gpu_memory_utilization=lab_settings(LAB_DIR, "gpu").gpu_memory_utilization,
+        )[2]
+        assert info["requested_bytes"] == math.ceil(total * handed)

@@ -1,25 +1,32 @@
 """The chapter contract (docs/chapters.md), checked on every folder under labs/.
 
 A chapter is `labs/<name>/train.py` (a docstring with its usage, its GRPO config, `train(run)`, `main`)
-+ `labs/<name>/lab.toml` (its name and what it changes from the book's recipe) + its notebook pair
++ `labs/<name>/lab.toml` (its name and what it changes from the book's recipe) + its tests
+(`labs/<name>/test_*.py`, reading the suite's run of its README command) + its notebook pair
 `notebooks/NN-<name>.ipynb` / `.py` + one row of the README's chapter table. The chapters are
-discovered, not listed: a new folder is checked the moment it exists, and the checker itself is
-tested on chapters that break each clause.
+discovered, not listed: a new folder is checked the moment it exists, the checker itself is tested
+on chapters that break each clause, and a sketched chapter is shown picked up by the suite with no
+edit outside what docs/chapters.md says a chapter touches.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, load_lab_module
 
 from budgets import compute
 from budgets.vocabulary import flag
 from grpolab.settings import FLAGS, PROFILES, check, lab_settings
+
+from suite import REPO_ROOT, load_lab_module
 
 CHAPTERS = sorted(toml.parent for toml in (REPO_ROOT / "labs").glob("*/lab.toml"))
 
@@ -64,6 +71,11 @@ def contract_problems(lab: Path, repo: Path = REPO_ROOT) -> list[str]:
         problems.append(f"{name}: {len(rows)} rows in the README's chapter table (one wanted)")
     elif notebooks and f"`notebooks/{notebooks[0].name}`" not in rows[0]:
         problems.append(f"{name}: its README row does not name {notebooks[0].name}")
+    if own_environment(lab):
+        if not list((lab / "tests").glob("test_*.py")):
+            problems.append(f"{name}: no tests in labs/{name}/tests/ (its own environment's)")
+    elif not any("chapter_run" in p.read_text() for p in lab.glob("test_*.py")):
+        problems.append(f"{name}: no labs/{name}/test_*.py reads its README run (the chapter_run fixture)")
     return problems
 
 
@@ -103,6 +115,7 @@ def test_the_contract_catches_a_chapter_missing_a_clause(tmp_path):
         "def train(run): ...\n\n"
         "def main(argv=None): ...\n"
     )
+    (lab / "test_chapter.py").write_text("def test_it(chapter_run):\n    assert chapter_run.code == 0\n")
     for suffix in (".ipynb", ".py"):
         (repo / "notebooks" / f"04-grpo-next{suffix}").write_text("")
     row = "| 4. Next | `labs/grpo-next/train.py` | `uv run python labs/grpo-next/train.py` | `notebooks/04-grpo-next.ipynb` |"
@@ -120,7 +133,115 @@ def test_the_contract_catches_a_chapter_missing_a_clause(tmp_path):
         "grpo-next: train.py has no grpo_config()",
         "grpo-next: train.py has no train()",
     ]
+    (lab / "test_chapter.py").write_text("def test_it():\n    pass\n")
+    assert contract_problems(lab, repo) == [
+        "grpo-next: train.py has no grpo_config()",
+        "grpo-next: train.py has no train()",
+        "grpo-next: no labs/grpo-next/test_*.py reads its README run (the chapter_run fixture)",
+    ]
     (lab / "lab.toml").write_text('chapter = "grpo-later"\n')
     assert "grpo-next: lab.toml's chapter is 'grpo-later', not the folder's name" in contract_problems(
         lab, repo
     )
+
+
+# --- a sketched chapter, picked up by the suite -----------------------------------------------------
+SKIP_COPYING = {
+    ".venv",
+    ".git",
+    "outputs",
+    ".cache",
+    "mlruns",
+    "mlflow.db",
+    "__pycache__",
+    ".pytest_cache",
+    ".ruff_cache",
+    "unsloth_compiled_cache",
+}
+
+
+def what_a_chapter_touches(doc: Path = REPO_ROOT / "docs" / "chapters.md") -> list[str]:
+    """The paths docs/chapters.md says a new chapter's author touches (`<name>`, `NN` as written)."""
+    section = doc.read_text().split("## The next chapter, sketched", 1)[1].split("\n## ", 1)[0]
+    bullets = [line for line in section.splitlines() if line.startswith("- `")]
+    return [
+        p
+        for line in bullets
+        for p in re.findall(r"`([^`]+)`", line.split(":", 1)[0])
+        if "/" in p or p.endswith(".md")
+    ]
+
+
+def files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def sketch_chapter(repo: Path, name: str, number: int) -> None:
+    """Chapter `number` sketched as a copy of chapter 1: its folder (its lab.toml naming it), its
+    notebook pair, its README row after the last one."""
+    shutil.copytree(
+        repo / "labs" / "grpo-first", repo / "labs" / name, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    (repo / "labs" / name / "lab.toml").write_text(f'chapter = "{name}"\n')
+    for suffix in (".py", ".ipynb"):
+        text = (repo / "notebooks" / f"01-grpo-first{suffix}").read_text()
+        (repo / "notebooks" / f"{number:02d}-{name}{suffix}").write_text(text.replace("grpo-first", name))
+    readme = (repo / "README.md").read_text().splitlines()
+    last = max(i for i, line in enumerate(readme) if re.match(r"\| \d+\. ", line))
+    row = (
+        f"| {number}. A sketch | `labs/{name}/train.py` | `uv run python labs/{name}/train.py` | "
+        f"`notebooks/{number:02d}-{name}.ipynb` |"
+    )
+    (repo / "README.md").write_text("\n".join([*readme[: last + 1], row, *readme[last + 1 :]]) + "\n")
+
+
+@pytest.mark.slow
+def test_a_sketched_chapter_is_picked_up_by_the_suite_with_no_edit_outside_its_own(tmp_path):
+    """A copy of this repository with chapter 5 sketched (a copy of chapter 1 with its own lab.toml,
+    notebook and README row; nothing else edited, as docs/chapters.md lists): the suite collects its
+    tests and its notebook's, would run its README command for them, and its shared checks (the
+    contract, every README command exercised) pass on it."""
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO_ROOT, repo, ignore=lambda folder, names: [n for n in names if n in SKIP_COPYING])
+    before = files(repo)
+    sketch_chapter(repo, "grpo-sketch", 5)
+    touched = sorted(path for path, data in files(repo).items() if before.get(path) != data)
+    allowed = [p.replace("<name>", "grpo-sketch").replace("NN", "05") for p in what_a_chapter_touches()]
+    assert allowed and all(
+        any(t == a or (a.endswith("/") and t.startswith(a)) for a in allowed) for t in touched
+    ), (
+        touched,
+        allowed,
+    )
+    assert all(any(t == a or t.startswith(a) for t in touched) for a in allowed), (
+        "the doc lists what was not touched"
+    )
+
+    def pytest_in_copy(*args: str) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if k != "GRPOLAB_FORKSERVER"}
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+            cwd=repo,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    collected = pytest_in_copy("--collect-only", "-q")
+    assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-3000:]
+    assert (
+        "labs/grpo-sketch/test_chapter.py::test_run_finished_and_is_tagged_with_its_profile"
+        in collected.stdout
+    )
+    assert "test_notebook_executes_from_a_clean_kernel[05-grpo-sketch.ipynb]" in collected.stdout
+    (planned,) = [line for line in collected.stdout.splitlines() if line.startswith("background runs:")]
+    assert "chapter:grpo-sketch" in planned, planned
+    checks = pytest_in_copy(
+        "-q",
+        "tests/test_readme.py::test_every_readme_command_is_exercised",
+        "tests/test_chapters.py::test_every_chapter_has_its_files",
+        "tests/test_notebooks.py::test_there_is_a_notebook_for_every_lab",
+    )
+    assert checks.returncode == 0, checks.stdout[-3000:]
+    assert "[grpo-sketch]" in pytest_in_copy("--collect-only", "-q", "tests/test_chapters.py").stdout

@@ -5,32 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from grpolab.comparison import Comparison
+from budgets.units import GIB, MIB
 from grpolab.device import Device
 from grpolab.meter import Meter
-from grpolab.probe import GIB, MemoryProbe
+from grpolab.probe import MemoryProbe
 
-MIB = 1024**2
-
-
-def comparison(**overrides) -> Comparison:
-    c = Comparison(
-        budget={
-            "base_weights": 100 * MIB,
-            "kv_cache": 300 * MIB,
-            "logits": 50 * MIB,
-            "train_activations": 80 * MIB,
-        },
-        measured={"base_weights": 110 * MIB, "kv_cache": 290 * MIB, "logits": 70 * MIB},
-        total_budget=450 * MIB,
-        total_measured=500 * MIB,
-        total_label="NVML process peak",
-        # logits live in another phase than the peak: their miss does not explain the peak's.
-        peak_phase_lines=["base_weights", "kv_cache", "train_activations"],
-    )
-    for key, value in overrides.items():
-        setattr(c, key, value)
-    return c
+from suite import sample_comparison as comparison
 
 
 def test_what_no_line_explains_is_the_total_miss_less_the_misses_of_the_lines_the_peak_holds():

@@ -13,10 +13,12 @@ from types import SimpleNamespace
 
 import mlflow
 import pytest
-from test_comparison import MIB, comparison
 
+from budgets.units import MIB
 from grpolab import completions, console, memory_names, overview, tracking
 from grpolab.evaluate import EvalResult, eval_rows
+
+from suite import sample_comparison as comparison
 
 
 def trainer_logs(groups: int, size: int) -> dict:
@@ -54,6 +56,7 @@ def test_whole_groups_are_read_with_each_reward_and_advantage_and_a_partial_grou
     }
 
 
+@pytest.mark.slow
 def test_each_logged_group_is_a_trace_of_the_run_with_its_rewards_and_advantages(store):
     trainer = SimpleNamespace(_logs=trainer_logs(groups=3, size=4), num_generations=4)
     callback = completions.CompletionLog(trainer, max_groups=2)

@@ -11,10 +11,21 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from conftest import CUDA_INITIALISING, LAB_DIR
 
 from grpolab import cuda_env
 from grpolab.settings import LabSettingsError, lab_settings
+
+from fake_gpu import CUDA_INITIALISING
+from suite import LAB_DIR
+
+
+@pytest.fixture(autouse=True)
+def standby_switch_left_as_found():
+    """No test here may leave UNSLOTH_VLLM_STANDBY changed for what runs after it (a notebook's kernel,
+    the Unsloth a later test imports): checked after each one."""
+    before = os.environ.get(cuda_env.STANDBY_ENV)
+    yield
+    assert os.environ.get(cuda_env.STANDBY_ENV) == before, "the test left the standby switch changed"
 
 
 @pytest.fixture
@@ -131,9 +142,17 @@ def test_the_loader_gets_the_standby_keyword_it_checks_against_the_variable(monk
         assert seen["fast_inference"] is True
 
 
-def test_the_allocator_is_read_from_torch():
-    # On a CPU torch answers with no settings; the call itself is the one a GPU run makes.
-    assert isinstance(cuda_env.allocator_settings(), str)
+def test_the_allocator_is_read_from_torch(monkeypatch):
+    """The tag `cuda_allocator_settings` is what torch answers, through the query this torch has (a
+    renamed query would tag every GPU run "unknown")."""
+    import torch
+
+    real = torch._C._accelerator_getAllocatorSettings  # the query exists in the installed torch
+    assert isinstance(real(), str) or real() is not None  # and answers on a CPU too
+    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings", lambda: "expandable_segments:True")
+    assert cuda_env.allocator_settings() == "expandable_segments:True"
+    monkeypatch.delattr(torch._C, "_accelerator_getAllocatorSettings")
+    assert cuda_env.allocator_settings() == "unknown"
 
 
 def test_the_cuda_initialising_calls_are_real_torch_functions():
@@ -142,8 +161,3 @@ def test_the_cuda_initialising_calls_are_real_torch_functions():
 
     real = [name for name in CUDA_INITIALISING if name != "init" or hasattr(torch.cuda, "init")]
     assert all(callable(getattr(torch.cuda, name, None)) for name in real)
-
-
-def test_no_test_leaves_the_standby_switch_behind():
-    """Every test above ran configure(); none may leave UNSLOTH_VLLM_STANDBY set for what runs after."""
-    assert cuda_env.STANDBY_ENV not in os.environ or os.environ[cuda_env.STANDBY_ENV] == "0"

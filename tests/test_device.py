@@ -6,10 +6,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from conftest import CARDS, FakeNVML
 
 from budgets.cards import card_for_device
 from grpolab import device as dev
+
+from fake_gpu import CARDS, FakeNVML
 
 
 def test_nvml_is_matched_to_torchs_device_by_uuid_not_by_index():
@@ -166,9 +167,9 @@ def test_the_users_other_processes_gib_is_never_silently_replaced(measured_gib, 
 def test_the_lab_keeps_a_given_other_processes_gib_above_the_measured_one(gpu_machine, monkeypatch, capsys):
     """The harness's `prepare` on a GPU: the sheet's other_processes line is the larger of NVML's 2 GiB
     and the flag, and the line printed says which."""
-    from conftest import LAB_DIR
-
     from grpolab.session import parser, prepare
+
+    from suite import LAB_DIR
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
 

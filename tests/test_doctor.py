@@ -6,7 +6,6 @@ import dataclasses
 import re
 
 import pytest
-from conftest import LAB_DIR
 
 import task
 from grpolab.doctor import diagnose, verdict
@@ -14,6 +13,8 @@ from grpolab.evaluate import EvalResult
 from grpolab.session import parser
 from grpolab.settings import FLAGS, lab_settings
 from task.rewards import RewardRole, UndeclaredRewardError, completion_text, declare_reward
+
+from suite import LAB_DIR
 
 VALUES = {name: getattr(lab_settings(LAB_DIR, "gpu"), name) for name in FLAGS}
 STEPS = 40

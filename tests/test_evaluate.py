@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import LAB_DIR
 
 from grpolab.evaluate import _generate_hf, eval_rows, load_adapter, score
 from grpolab.settings import lab_settings
+
+from suite import LAB_DIR
 
 
 @pytest.fixture(scope="module")

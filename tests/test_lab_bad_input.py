@@ -1,13 +1,24 @@
-"""Bad input, as a user types it: one line on stderr, a non-zero exit, nothing half-written."""
+"""Bad input, as a user types it: one line on stderr, exit code 2, nothing half-written.
+
+Each runs the lab's `main` in this process (suite.run_in_process) with its own MLflow store: the
+refusals come before anything loads, except the prompts that cannot fit, found once the tokenizer
+exists (after the imports: the `stack` fixture has them here already).
+"""
 
 from __future__ import annotations
 
 import pytest
-from conftest import HAS_CUDA, run_lab
+
+from suite import HAS_CUDA, run_in_process
+
+
+def refused(lab_module, args: list[str], tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    return run_in_process(lab_module, [*args, "--output-dir", str(tmp_path / "outputs")], uri=uri)
 
 
 def assert_refused_cleanly(result, tmp_path, words: str) -> None:
-    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.code == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and words in errors[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
@@ -28,17 +39,17 @@ def assert_refused_cleanly(result, tmp_path, words: str) -> None:
         (["--fast-inference", "perhaps"], "expected true or false"),
     ],
 )
-def test_refused_before_any_model_loads(args, words, tmp_path):
-    assert_refused_cleanly(run_lab(["--profile", "cpu", *args], tmp_path, timeout=120), tmp_path, words)
+def test_refused_before_any_model_loads(lab_module, args, words, tmp_path):
+    assert_refused_cleanly(refused(lab_module, ["--profile", "cpu", *args], tmp_path), tmp_path, words)
 
 
-def test_prompts_that_cannot_fit_are_refused_before_the_run(tmp_path):
+def test_prompts_that_cannot_fit_are_refused_before_the_run(lab_module, stack, tmp_path):
     # 200 completion tokens leave 56 for prompts of ~150 characters: every prompt is dropped.
-    result = run_lab(["--profile", "cpu", "--max-completion-length", "200"], tmp_path, timeout=600)
+    result = refused(lab_module, ["--profile", "cpu", "--max-completion-length", "200"], tmp_path)
     assert_refused_cleanly(result, tmp_path, "every prompt is longer than")
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the refusal that happens only on a machine without a GPU")
-def test_forcing_the_real_profile_without_a_gpu_fails_at_once(tmp_path):
-    result = run_lab(["--profile", "gpu"], tmp_path, timeout=120)
+def test_forcing_the_real_profile_without_a_gpu_fails_at_once(lab_module, tmp_path):
+    result = refused(lab_module, ["--profile", "gpu"], tmp_path)
     assert_refused_cleanly(result, tmp_path, "--profile gpu needs a CUDA GPU")

@@ -11,9 +11,10 @@ import inspect
 from pathlib import Path
 
 import pytest
-from conftest import LAB_DIR, REPO_ROOT, TRAINER_LABS, gpu_only, load_lab_module
 
 from grpolab.settings import lab_settings
+
+from suite import LAB_DIR, REPO_ROOT, TRAINER_LABS, gpu_only, load_lab_module
 
 # GRPOConfig fields the lab sets from a setting of the same name.
 SAME_NAME = (
@@ -158,6 +159,7 @@ def test_cpu_config_is_built_for_real(lab, tmp_path):
     assert config.generation_batch_size == s.generation_batch_size
 
 
+@pytest.mark.slow
 @gpu_only("loads Qwen3-4B in 4-bit with vLLM in-process at the lab's share and reads the engine's KV blocks")
 def test_real_profile_starts_vllm_at_the_lab_share():
     from grpolab import policy
@@ -209,6 +211,7 @@ def test_allocation_stacks_are_recorded_only_when_asked():
     assert records_memory_history(parser("").parse_args(["--memory-cap-gib", "0.5"]))
 
 
+@pytest.mark.slow
 @gpu_only(
     "loads Qwen3-4B with standby in a fresh process (UNSLOTH_VLLM_STANDBY=1 set before Unsloth): the allocator "
     "without expandable segments, the engine in sleep mode, and vLLM's ledger read from its worker"

@@ -11,7 +11,8 @@ import ast
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT
+
+from suite import REPO_ROOT
 
 PACKAGES = ("task", "budgets", "grpolab")
 

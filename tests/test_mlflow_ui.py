@@ -1,7 +1,7 @@
 """The MLflow UI in a real browser, as a newcomer meets it: the link the lab printed, no clicks.
 
 Starts the README's UI command (`uv run mlflow ui --backend-store-uri sqlite:///mlflow.db`) on
-loopback over the store the CPU lab run wrote, opens the run link the lab printed in Debian's
+loopback over the store chapter 1's README run wrote (conftest.py: `chapter_run`), opens the run link the lab printed in Debian's
 Chromium through Playwright (a fresh profile: MLflow's assistant panel opens on first load, as it
 does for a newcomer), and checks what it shows without a click: the run's Overview in the Model
 training view, the verdict with the total's budget beside its measured peak, and the budget-vs-measured
@@ -18,22 +18,23 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import HAS_CUDA, REPO_ROOT
+
+from suite import HAS_CUDA, REPO_ROOT, command_words, free_port
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 README_SCREENSHOT = REPO_ROOT / "docs" / "mlflow-budget-vs-measured.png"
 
+README_UI = "uv run mlflow ui --backend-store-uri sqlite:///mlflow.db"
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
+    pytest.mark.chapter("grpo-first"),
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs Debian's chromium (installed by .ci/run)"),
     pytest.mark.skipif(
         HAS_CUDA, reason="reads the CPU lab run; on a GPU run the lab and open the UI by hand"
@@ -41,17 +42,19 @@ pytestmark = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture(scope="module")
+def cpu_lab_run(background):
+    """Chapter 1's README run: its store, what it printed, its one run."""
+    chapter_run = background.result("chapter:grpo-first")
+    assert chapter_run.code == 0, chapter_run.log()
+    (run,) = chapter_run.runs
+    return {"run": run, "store": chapter_run.store, "stdout": chapter_run.stdout}
 
 
 @pytest.fixture(scope="module")
 def mlflow_ui(cpu_lab_run):
     port = free_port()
-    ui = ["mlflow", "ui", "--backend-store-uri", "sqlite:///mlflow.db"]  # the README's command
-    command = ["uv", "run", *ui] if shutil.which("uv") else [sys.executable, "-m", *ui]
+    command = command_words(README_UI)
     env = {**os.environ, "UV_PROJECT": str(REPO_ROOT)}
     env.pop("MLFLOW_TRACKING_URI", None)
     # Started where the lab's store lies, so the relative sqlite:///mlflow.db is that store.
@@ -165,13 +168,20 @@ def test_the_metrics_view_lists_the_glance_first_with_the_totals_budget_and_meas
 
 
 def test_a_group_of_completions_with_its_rewards_is_in_the_traces_tab(mlflow_ui, page, cpu_lab_run):
+    """One tab away: the Traces tab lists the run's groups, a column per reward (its assessments), and
+    a group's prompt as its request with its completions as its response."""
     page.goto(run_url(mlflow_ui, cpu_lab_run["run"], "/traces"))
     # Each reward is a column of assessments; a group's prompt is a request, its completions the response.
-    page.get_by_text("format_reward", exact=False).first.wait_for(timeout=180_000)
-    page.get_by_text("correctness_reward", exact=False).first.wait_for(timeout=60_000)
+    for reward in ("format_reward", "correctness_reward"):
+        column = page.get_by_text(reward, exact=False).first
+        column.wait_for(timeout=180_000)
+        assert on_screen(page, column.bounding_box()), f"the {reward} column is not on screen"
     request = page.get_by_text(re.compile(r'"prompt": "What is \d+ \+ \d+\?"')).first
     request.wait_for(timeout=60_000)
-    page.get_by_text(re.compile(r'"completion":')).first.wait_for(timeout=60_000)
+    assert re.search(r"What is \d+ \+ \d+\?", request.inner_text()), request.inner_text()
+    response = page.get_by_text(re.compile(r'"completion":')).first
+    response.wait_for(timeout=60_000)
+    assert '"completion":' in response.inner_text()
 
 
 def test_artifact_view_opens_the_chart_and_the_table(mlflow_ui, page, cpu_lab_run):

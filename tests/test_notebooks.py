@@ -1,28 +1,33 @@
 """Every notebook runs from a clean kernel, is committed without outputs, and matches its script.
 
 Notebooks are authored as jupytext percent scripts (`notebooks/*.py`, readable diffs) paired
-with the `.ipynb` users open; both are committed and must say the same thing.
+with the `.ipynb` users open; both are committed and must say the same thing. Each chapter's notebook
+is found by the README's chapter table and executes against its chapter's README run (conftest.py:
+`chapter_run`), which it reads back as it reads a user's store after the README's command, instead of
+training a run of its own. A chapter with an environment of its own executes its notebook there.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import time
 import urllib.request
 
 import jupytext
 import nbformat
 import pytest
-from conftest import HAS_CUDA, REPO_ROOT, TRAINER_LABS
+
+from suite import HAS_CUDA, REPO_ROOT, chapters, command_words, free_port
 
 NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
-# Notebooks of chapters that train in this environment; a chapter with an environment of its own
-# (labs/grpo-verl) executes its notebook in its own tests.
-HERE = [nb for nb in NOTEBOOKS if any(nb.stem.endswith(lab.name) for lab in TRAINER_LABS)]
+# The notebooks of the chapters that run in this environment, each reading its chapter's README run.
+HERE = [
+    pytest.param(c.notebook, marks=pytest.mark.chapter(c.name), id=c.notebook.name)
+    for c in chapters()
+    if c.here
+]
 
 
 def test_there_is_a_notebook_for_every_lab():
@@ -54,20 +59,16 @@ def test_notebook_and_its_script_are_in_sync(path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", HERE, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", HERE)
 def test_notebook_executes_from_a_clean_kernel(path, tmp_path, monkeypatch, request):
     import mlflow
     from nbclient import NotebookClient
 
-    # The kernel inherits this environment: its own MLflow store, like the lab's tests. The sizing
-    # notebook reads back the sweep its chapter's tests ran once (tests/conftest.py: cpu_sweep),
-    # as it reads the README's sweep from a user's store, instead of running a sweep of its own.
-    # Chapter 4's reads back the arms its chapter's tests ran once (cpu_hacking) the same way.
+    # The kernel inherits this environment: its chapter's store, holding the chapter's README run (on a
+    # GPU, where the suite runs no chapter, a store of its own: the notebook trains what it shows).
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    shared = {"grpo-sizing": "cpu_sweep", "grpo-reward-hacking": "cpu_hacking"}
-    fixture = next((f for chapter, f in shared.items() if path.stem.endswith(chapter)), None)
-    if fixture is not None and not HAS_CUDA:
-        store = f"sqlite:///{request.getfixturevalue(fixture)['store'] / 'mlflow.db'}"
+    if not HAS_CUDA:
+        store = request.getfixturevalue("chapter_run").uri
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
     chapter = path.stem.split("-", 1)[1]
     mlflow.set_tracking_uri(store)
@@ -88,17 +89,21 @@ def test_notebook_executes_from_a_clean_kernel(path, tmp_path, monkeypatch, requ
     assert images >= 3, "budget chart, reward curves and budget-vs-measured bars are drawn inline"
     runs = mlflow.search_runs(experiment_names=[chapter], output_format="list")
     assert runs, f"no run in experiment {chapter} for the notebook to read"
-    for run in runs:
-        if run.info.run_id not in before:  # the notebook's own runs all finished
-            assert run.info.status == "FINISHED", run.info.run_name
-            shutil.rmtree(REPO_ROOT / "outputs" / chapter / run.info.run_name, ignore_errors=True)
+    new = [run for run in runs if run.info.run_id not in before]
+    if not HAS_CUDA:  # it read the chapter's README run back: it trained nothing of its own
+        assert not new, f"{path.name} trained {len(new)} run(s) instead of reading its chapter's"
+    for run in new:  # on a GPU, the notebook's own runs all finished
+        assert run.info.status == "FINISHED", run.info.run_name
+        shutil.rmtree(REPO_ROOT / "outputs" / chapter / run.info.run_name, ignore_errors=True)
 
 
+README_JUPYTER = "uv run jupyter lab"
+
+
+@pytest.mark.slow
 def test_jupyter_lab_from_the_readme_serves_the_notebooks(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    base = ["uv", "run", "jupyter", "lab"] if shutil.which("uv") else [sys.executable, "-m", "jupyterlab"]
+    port = free_port()
+    base = command_words(README_JUPYTER)
     token = "grpo-test"
     headless = ["--no-browser", "--ip", "127.0.0.1", "--port", str(port), f"--IdentityProvider.token={token}"]
     if os.geteuid() == 0:  # CI runs as root; Jupyter refuses root without this

@@ -1,125 +1,48 @@
-"""Every command in the README is exercised: here, by another test, or by .ci/run.
+"""Every command in the README is exercised: by a test, by the suite's run of its chapter, or by .ci/run.
 
-A command added to the README without a way to exercise it fails this test.
+Nothing here lists the chapters or their commands. A README command is exercised where:
+- it is a chapter's command in the README's table: the suite runs it once for a chapter here
+  (conftest.py: `chapter_run`; its tests may name a longer README form of it, `chapter_command`), and
+  the chapter's own tests read that run; a chapter with an environment of its own runs it in its tests;
+- or its exact text is a string constant in the suite's code (a test file, conftest.py, a chapter's
+  tests) that a test or fixture that is not always skipped passes to a runner (`run_command`,
+  `command_words`, `script_and_args`, `shlex.split`), with `<run>`-style placeholders filled in there;
+- or it is a line of .ci/run (which may add `--frozen` and send its output away).
+
+A command added to the README with none of these fails `test_every_readme_command_is_exercised`.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from conftest import HAS_CUDA, README_FLAGS, REPO_ROOT, only_run
 
-README = REPO_ROOT / "README.md"
+from suite import README, REPO_ROOT, chapters, command_words, run_command
 
-# Commands another file runs, and the text in that file that shows it runs exactly this one.
-RUN_ELSEWHERE = {
-    "uv run python labs/grpo-first/train.py": (
-        "tests/conftest.py",
-        '["uv", "run", "python", "labs/grpo-first/train.py"]',
-    ),
-    "uv run pytest": (".ci/run", "uv run pytest"),
-    "uv run mlflow ui --backend-store-uri sqlite:///mlflow.db": (
-        "tests/test_mlflow_ui.py",
-        '["mlflow", "ui", "--backend-store-uri", "sqlite:///mlflow.db"]',
-    ),
-    "uv run jupyter lab": ("tests/test_notebooks.py", '["uv", "run", "jupyter", "lab"]'),
-    # Chapter 2's CPU sweep: its fixture runs the README's sweep with --run-refused (the same sweep,
-    # then the refused cell run anyway).
-    "uv run python labs/grpo-sizing/train.py": (
-        "tests/conftest.py",
-        'README_SWEEP_REFUSED = ["uv", "run", "python", "labs/grpo-sizing/train.py", "--run-refused"]',
-    ),
-    "uv run python labs/grpo-sizing/train.py --run-refused": (
-        "tests/conftest.py",
-        'README_SWEEP_REFUSED = ["uv", "run", "python", "labs/grpo-sizing/train.py", "--run-refused"]',
-    ),
-    # Chapter 4: its fixture runs the README's command once (every arm), shared with its notebook.
-    "uv run python labs/grpo-reward-hacking/train.py": (
-        "tests/conftest.py",
-        'README_HACKING = ["uv", "run", "python", "labs/grpo-reward-hacking/train.py"]',
-    ),
-    # Chapter 1's other commands: the end-to-end test scores the adapter its shared run saved; the
-    # wave of lab processes (tests/conftest.py) rehearses the CPU profile and trains countdown.
-    "uv run python labs/grpo-first/train.py --eval-only outputs/grpo-first/<run>/adapter": (
-        "tests/test_lab_end_to_end.py",
-        'run_lab(["--eval-only", str(adapter)]',
-    ),
-    "uv run python labs/grpo-first/train.py --rehearse": (
-        "tests/conftest.py",
-        'Lab("rehearse", ["--profile", "cpu", "--rehearse"]',
-    ),
-    "uv run python labs/grpo-first/train.py --task countdown": (
-        "tests/conftest.py",
-        '["--task", "countdown", "--max-steps", "2", *quick]',
-    ),
-    # Resuming: the stopped runs of the wave resumed as the README says, and the run id a refusal names.
-    "uv run python labs/grpo-first/train.py --resume last": (
-        "tests/test_run_resume.py",
-        'README_RESUME = ["uv", "run", "python", "labs/grpo-first/train.py", "--resume", "last"]',
-    ),
-    "uv run python labs/grpo-first/train.py --resume <run id>": (
-        "tests/test_run_resume.py",
-        '["--resume", run.info.run_id]',
-    ),
-    "uv run python -m grpolab runs": (
-        "tests/test_run_resume.py",
-        'README_RUNS = ["uv", "run", "python", "-m", "grpolab", "runs"]',
-    ),
-    "uv run python -m grpolab runs --reconcile": (
-        "tests/test_run_endings.py",
-        '["uv", "run", "python", "-m", "grpolab", "runs", "--reconcile"]',
-    ),
-    # The verl chapter runs in its own environment: .ci/run syncs it and runs these.
-    "uv run --project labs/grpo-verl python labs/grpo-verl/train.py prepare": (
-        ".ci/run",
-        "uv run --frozen --project labs/grpo-verl python labs/grpo-verl/train.py prepare",
-    ),
-    "uv run --project labs/grpo-verl python labs/grpo-verl/train.py launch --config one-node --dry-run": (
-        ".ci/run",
-        "uv run --frozen --project labs/grpo-verl python labs/grpo-verl/train.py launch --config one-node --dry-run",
-    ),
-    "uv run --project labs/grpo-verl python labs/grpo-verl/train.py launch --config one-card --check": (
-        ".ci/run",
-        "uv run --frozen --project labs/grpo-verl python labs/grpo-verl/train.py launch --config one-card --check",
-    ),
-    "uv run --project labs/grpo-verl pytest labs/grpo-verl/tests": (
-        ".ci/run",
-        "uv run --frozen --project labs/grpo-verl pytest labs/grpo-verl/tests",
-    ),
-    # Without the GPU it prints the sheet and the command and starts nothing (the chapter's test).
-    "uv run --project labs/grpo-verl python labs/grpo-verl/train.py launch --config one-card": (
-        "labs/grpo-verl/tests/test_verl_launcher.py",
-        'train.main(["launch", "--config", "one-card", "--data-dir", str(tmp_path)])',
-    ),
-    "uv run --project labs/grpo-verl python labs/grpo-verl/train.py launch --config multi-node --dry-run": (
-        "labs/grpo-verl/tests/test_verl_launcher.py",
-        'train.main(["launch", "--config", name, "--data-dir", str(tmp_path), "--dry-run"])',
-    ),
-}
-BUDGET_COMMANDS = {
+RUNNERS = {"run_command", "command_words", "script_and_args", "shlex.split"}
+CI = REPO_ROOT / ".ci" / "run"
+BUDGET_COMMANDS = (
     "uv run python labs/grpo-first/train.py --budget-only",
     "uv run python labs/grpo-first/train.py --budget-only --profile cpu",
     "uv run python labs/grpo-first/train.py --budget-only --num-generations 16 --suggest-util",
     "uv run python labs/grpo-first/train.py --budget-only --unsloth-vllm-standby true",
     "uv run python -m budgets --model qwen3-8b --gpu rtx-4090 --num-generations 16 --per-device-train-batch-size 16 --headroom",
     "uv run python -m budgets --model qwen3-32b --load-in-4bit false --gpu h100-sxm --gpus 4 --layout server --vllm-gpus 2 --json",
-}
-LAB_WITH_FLAGS = (
-    "uv run python labs/grpo-first/train.py --max-steps 20 --num-generations 4 --max-completion-length 16 "
-    "--learning-rate 2e-2 --output-dir /tmp/grpo"
 )
-JUPYTEXT_SYNC = "uv run jupytext --sync notebooks/*.py"
+README_JUPYTEXT_SYNC = "uv run jupytext --sync notebooks/*.py"
 
 
-def readme_commands() -> set[str]:
+def readme_commands(readme: Path = README) -> set[str]:
     commands = set()
-    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S):
+    for block in re.findall(r"```bash\n(.*?)```", readme.read_text(), flags=re.S):
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split("  #")[0].strip()
             if line.startswith("uv "):
@@ -127,31 +50,17 @@ def readme_commands() -> set[str]:
     return commands
 
 
-def uv_or_python(command: str) -> list[str]:
-    """`uv run X` as written when uv is on PATH, else X in this interpreter."""
-    words = shlex.split(command)
-    if shutil.which("uv"):
-        return words
-    rest = words[2:]
-    return [sys.executable, *rest[1:]] if rest[0] == "python" else [sys.executable, "-m", *rest]
-
-
-def test_every_readme_command_is_accounted_for():
-    known = set(RUN_ELSEWHERE) | BUDGET_COMMANDS | {LAB_WITH_FLAGS, JUPYTEXT_SYNC}
-    assert readme_commands() == known, (
-        f"new README commands: {readme_commands() - known}; gone: {known - readme_commands()}"
+# --- where a command is run -----------------------------------------------------------------------
+def suite_files(root: Path = REPO_ROOT) -> list[Path]:
+    """Every file of the suite's code: the shared tests and helpers, and each chapter's tests."""
+    return sorted(
+        [
+            root / "conftest.py",
+            *(root / "tests").glob("*.py"),
+            *(root / "labs").glob("*/test_*.py"),
+            *(root / "labs").glob("*/tests/*.py"),
+        ]
     )
-
-
-def enclosing_function(source: str, marker: str) -> ast.FunctionDef | None:
-    """The innermost function whose source holds `marker`, or None (module level)."""
-    line = source[: source.index(marker)].count("\n") + 1
-    holding = [
-        node
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.FunctionDef) and node.lineno <= line <= node.end_lineno
-    ]
-    return max(holding, key=lambda node: node.lineno, default=None)
 
 
 def unconditionally_skipped(function: ast.FunctionDef) -> bool:
@@ -162,68 +71,174 @@ def unconditionally_skipped(function: ast.FunctionDef) -> bool:
     )
 
 
-@pytest.mark.parametrize("command", sorted(RUN_ELSEWHERE))
-def test_commands_run_elsewhere_really_are(command):
-    """The command's text is in the file, inside a test or fixture that is not skipped on every machine
-    (CI's script runs whole: no function to find there)."""
-    path, marker = RUN_ELSEWHERE[command]
-    source = (REPO_ROOT / path).read_text()
-    assert marker in source, f"{path} no longer runs `{command}`"
-    if path.endswith(".py"):
-        function = enclosing_function(source, marker)
-        users = [function] if function is not None else functions_using(source, marker)
-        assert users, f"{path}: `{marker}` is used by no test or fixture"
-        assert not all(unconditionally_skipped(f) for f in users), (
-            f"{path}: `{marker}` is only where nothing runs"
-        )
+def constants_of(source: str) -> dict[str, tuple[str, ...]]:
+    """The module-level string constants of `source`, and tuples or lists of them, by name."""
+    found = {}
+    for node in ast.parse(source).body:
+        if not isinstance(node, ast.Assign):
+            continue
+        value = node.value
+        items = value.elts if isinstance(value, ast.Tuple | ast.List) else [value]
+        if items and all(isinstance(i, ast.Constant) and isinstance(i.value, str) for i in items):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    found[target.id] = tuple(i.value for i in items)
+    return found
 
 
-def functions_using(source: str, marker: str) -> list[ast.FunctionDef]:
-    """A module-level command (`NAME = [...]`): the functions that read NAME."""
-    line = source[: source.index(marker)].count("\n") + 1
+def runs_of(source: str, known: dict[str, tuple[str, ...]] | None = None) -> set[str]:
+    """The commands `source` runs: the string constants (its own, or `known` ones it imports) that a
+    function that is not always skipped passes to a runner, by name, as a literal, with placeholders
+    filled in (`X.replace(...)`), or as the parameter its parametrize decorator draws from a tuple of
+    them; and the command a module's `pytest.mark.chapter_command` names for its chapter's run."""
     tree = ast.parse(source)
-    names = {
-        target.id
-        for node in tree.body
-        if isinstance(node, ast.Assign) and node.lineno <= line <= node.end_lineno
-        for target in node.targets
-        if isinstance(target, ast.Name)
-    }
-    return [
-        node
-        for node in ast.walk(tree)
-        if isinstance(node, ast.FunctionDef)
-        and any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node))
+    constants = {**(known or {}), **constants_of(source)}
+
+    def commands(argument: ast.expr, parameters: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+        while isinstance(argument, ast.Call) and isinstance(argument.func, ast.Attribute):
+            argument = argument.func.value  # COMMAND.replace("<run>", ...)
+        if isinstance(argument, ast.Name):
+            return parameters.get(argument.id) or constants.get(argument.id, ())
+        if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
+            return (argument.value,)
+        return ()
+
+    found: set[str] = set()
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and ast.unparse(call.func) == "pytest.mark.chapter_command":
+            found.update(commands(call.args[0], {}))
+    for function in ast.walk(tree):
+        if not isinstance(function, ast.FunctionDef) or unconditionally_skipped(function):
+            continue
+        parameters = {}  # @pytest.mark.parametrize("command", COMMANDS)
+        for decorator in function.decorator_list:
+            if isinstance(decorator, ast.Call) and ast.unparse(decorator.func) == "pytest.mark.parametrize":
+                name, values = decorator.args[:2]
+                if isinstance(name, ast.Constant) and isinstance(values, ast.Name):
+                    parameters[name.value] = constants.get(values.id, ())
+        for call in ast.walk(function):
+            if isinstance(call, ast.Call) and ast.unparse(call.func) in RUNNERS and call.args:
+                found.update(commands(call.args[0], parameters))
+    return found
+
+
+def ci_commands(script: Path = CI) -> set[str]:
+    """The commands .ci/run runs, as the README would write them."""
+    found = set()
+    for line in script.read_text().splitlines():
+        line = line.split(" #")[0].split(">")[0].strip()
+        if line.startswith("uv run"):
+            found.add(" ".join(w for w in line.split() if w != "--frozen"))
+    return found
+
+
+def chapter_commands(root: Path = REPO_ROOT) -> dict[str, str]:
+    """Each chapter table command and where it runs: the suite's chapter run (for a chapter here that
+    has tests reading it) or its own environment's tests (for one that has its own)."""
+    found = {}
+    for c in chapters(root / "README.md"):
+        if not c.here:
+            found[c.command] = f"{c.name}'s own tests" if c.command in runs_in(c.folder / "tests") else ""
+            continue
+        reads = [p for p in (root / "labs" / c.name).glob("test_*.py") if "chapter_run" in p.read_text()]
+        found[c.command] = (
+            f"the suite's run of {c.name}, read by {', '.join(p.name for p in reads)}" if reads else ""
+        )
+    return found
+
+
+def runs_in(folder: Path) -> set[str]:
+    return {command for path in sorted(folder.glob("*.py")) for command in runs_of(path.read_text())}
+
+
+def exercised(root: Path = REPO_ROOT) -> dict[str, str]:
+    """Every command the suite or CI runs, and where."""
+    where = {}
+    files = suite_files(root)
+    known = {name: value for path in files for name, value in constants_of(path.read_text()).items()}
+    for path in files:
+        for command in runs_of(path.read_text(), known):
+            where.setdefault(" ".join(command.split()), str(path.relative_to(root)))
+    for command in ci_commands(root / ".ci" / "run"):
+        where.setdefault(command, ".ci/run")
+    for command, runner in chapter_commands(root).items():
+        if runner:
+            where.setdefault(command, runner)
+    return where
+
+
+def test_every_readme_command_is_exercised():
+    where = exercised()
+    missing = sorted(readme_commands() - set(where))
+    assert not missing, f"README commands that nothing runs: {missing}"
+
+
+def test_the_check_sees_a_command_nothing_runs(tmp_path):
+    """The accounting above, on a sketched repository: a command in a comment, in a test that never
+    runs, or passed to nothing is not exercised; passed to a runner in a test, it is."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / ".ci").mkdir()
+    (tmp_path / ".ci" / "run").write_text("uv run --frozen pytest\n# uv run mlflow ui\n")
+    (tmp_path / "conftest.py").write_text("")
+    (tmp_path / "README.md").write_text(
+        "| chapter |\n```bash\nuv run python a.py --x  # a comment\nuv run python b.py\nuv run python c.py\n"
+        "uv run python d.py <run>\nuv run pytest\nuv run mlflow ui\n```\n"
+    )
+    (tmp_path / "tests" / "test_x.py").write_text(
+        "import pytest\nA = 'uv run python a.py --x'\nB = 'uv run python b.py'\nD = 'uv run python d.py <run>'\n"
+        "# run_command('uv run python c.py')\n"
+        "def test_a():\n    run_command(A)\n"
+        "@pytest.mark.skip\ndef test_b():\n    run_command(B)\n"
+        "def test_c():\n    print(B)\n"
+        "def test_d():\n    script_and_args(D.replace('<run>', 'r1'))\n"
+    )
+    where = exercised(tmp_path)
+    assert sorted(readme_commands(tmp_path / "README.md") - set(where)) == [
+        "uv run mlflow ui",
+        "uv run python b.py",
+        "uv run python c.py",
     ]
+    assert where["uv run python d.py <run>"] == "tests/test_x.py" and where["uv run pytest"] == ".ci/run"
 
 
-def test_the_marker_check_sees_a_test_that_never_runs():
-    source = 'import pytest\n\n@pytest.mark.skip(reason="later")\ndef test_x():\n    run(["a", "b"])\n'
-    function = enclosing_function(source, '["a", "b"]')
-    assert function.name == "test_x" and unconditionally_skipped(function)
-    assert enclosing_function("X = 1\n", "X = 1") is None
-    module = 'import pytest\nCMD = ["a"]\n\n@pytest.mark.skip\ndef test_y():\n    run(CMD)\n'
-    assert [f.name for f in functions_using(module, 'CMD = ["a"]')] == ["test_y"]
-    assert unconditionally_skipped(functions_using(module, 'CMD = ["a"]')[0])
+def test_a_chapter_here_counts_once_its_tests_read_its_run(tmp_path):
+    row = "| 5. Next | `labs/grpo-next/train.py` | `uv run python labs/grpo-next/train.py` | `notebooks/05-grpo-next.ipynb` |"
+    (tmp_path / "README.md").write_text(f"| chapter |\n{row}\n")
+    lab = tmp_path / "labs" / "grpo-next"
+    lab.mkdir(parents=True)
+    (lab / "lab.toml").write_text('chapter = "grpo-next"\n')
+    assert chapter_commands(tmp_path) == {"uv run python labs/grpo-next/train.py": ""}
+    (lab / "test_chapter.py").write_text("def test_it(chapter_run):\n    assert chapter_run.code == 0\n")
+    assert chapter_commands(tmp_path)["uv run python labs/grpo-next/train.py"].startswith(
+        "the suite's run of grpo-next"
+    )
 
 
-@pytest.mark.parametrize("command", sorted(BUDGET_COMMANDS))
+# --- the commands run here ------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("command", BUDGET_COMMANDS)
 def test_budget_commands(command):
-    result = subprocess.run(uv_or_python(command), cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    """Each budget command as the README writes it (uv run), on the card it names or lab.toml's: it
+    prints its sheet and the plan fits."""
+    result = run_command(command)
     assert result.returncode == 0, result.stderr
-    assert ("fits" in result.stdout) or ('"fits"' in result.stdout)
+    if "--json" in command:
+        assert json.loads(result.stdout)["fits"] is True
+    else:
+        assert re.search(r"^verdict: fits: peak ", result.stdout, flags=re.M), result.stdout[-2000:]
 
 
+@pytest.mark.slow
 def test_jupytext_sync_leaves_the_pair_unchanged(tmp_path):
     (tmp_path / "notebooks").mkdir()
     for path in (REPO_ROOT / "notebooks").glob("*"):
         if path.suffix in {".py", ".ipynb"}:
             shutil.copy2(path, tmp_path / "notebooks" / path.name)
     before = {p.name: p.read_text() for p in (tmp_path / "notebooks").glob("*.ipynb")}
-    words = uv_or_python(JUPYTEXT_SYNC)
+    words = command_words(README_JUPYTEXT_SYNC)
     files = sorted(str(p) for p in (tmp_path / "notebooks").glob("*.py"))
     command = (
-        [*words[:-1], *files] if shutil.which("uv") else [sys.executable, "-m", "jupytext", "--sync", *files]
+        [*words[:-1], *files] if words[0] == "uv" else [sys.executable, "-m", "jupytext", "--sync", *files]
     )
     result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -232,25 +247,4 @@ def test_jupytext_sync_leaves_the_pair_unchanged(tmp_path):
     for name, text in before.items():
         old, new = nbformat.reads(text, 4), nbformat.read(tmp_path / "notebooks" / name, 4)
         assert [c.source for c in old.cells] == [c.source for c in new.cells]
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(HAS_CUDA, reason="runs the CPU profile with the README's flags")
-def test_lab_with_the_readme_flags(wave):
-    """The README's command with flags, run in the wave of lab processes (tests/conftest.py)."""
-    words = shlex.split(LAB_WITH_FLAGS)
-    flags = words[words.index("labs/grpo-first/train.py") + 1 : words.index("--output-dir")]
-    assert flags == README_FLAGS, "tests/conftest.py's README_FLAGS no longer match the README"
-    lab = wave["labs"]["finish-1"]
-    assert wave["codes"]["finish-1"] == 0, lab.log()
-    run = only_run(wave["client"], lab)
-    params = run.data.params
-    assert (params["max_steps"], params["num_generations"], params["per_device_train_batch_size"]) == (
-        "20",
-        "4",
-        "4",
-    )
-    assert (params["max_completion_length"], params["learning_rate"]) == ("16", "0.02")
-    assert run.data.tags["overridden"] == "learning_rate,max_completion_length,max_steps,num_generations"
-    out = lab.output
-    assert list(out.glob("grpo-first/*/adapter/adapter_config.json"))
+    assert shlex.split(README_JUPYTEXT_SYNC)[-1] == "notebooks/*.py"

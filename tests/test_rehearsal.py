@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import mlflow
 import pytest
-from conftest import HAS_CUDA, only_run
 
 from grpolab import rehearsal
+
+from suite import LAB_DIR, cpu_only, run_in_process, script_and_args
+
+README_REHEARSE = "uv run python labs/grpo-first/train.py --rehearse"
 
 
 def test_the_shape_comes_from_the_cached_checkpoint_else_the_shipped_config(tmp_path, monkeypatch):
@@ -33,6 +37,7 @@ def test_the_tokenizer_decodes_every_id_the_model_can_sample():
     )  # the lab's own tokens stay
 
 
+@pytest.mark.slow
 def test_the_checkpoint_is_built_in_its_own_process_keeping_its_quantization_config(tmp_path):
     """Built from a checkpoint's config.json that keeps one layer in 16 bit (as Unsloth's uploads keep
     some): 4-bit where it quantizes, 16-bit where its config says, built once; and the process that
@@ -40,9 +45,9 @@ def test_the_checkpoint_is_built_in_its_own_process_keeping_its_quantization_con
     import subprocess
     import sys
 
-    from conftest import REPO_ROOT
-
     from grpolab.tiny_model import CONFIG_PATH
+
+    from suite import REPO_ROOT
 
     config = {k: v for k, v in json.loads(CONFIG_PATH.read_text()).items() if not k.startswith("_")}
     skipped = ["lm_head", "model.layers.1.mlp.down_proj"]
@@ -102,28 +107,47 @@ def test_a_folder_without_room_is_refused_in_one_line_before_anything_is_written
     assert not root.exists()
 
 
-def test_the_rehearsal_builds_under_the_lab_outputs_unless_told_otherwise():
-    from conftest import LAB_DIR  # noqa: F401 (the lab's flags are the harness's)
+def test_the_rehearsal_builds_under_the_lab_outputs_unless_told_otherwise(lab_module, monkeypatch, tmp_path):
+    """Where the checkpoint is built: `<output-dir>/rehearsal`, or `--rehearsal-dir` (the build itself is
+    recorded here and stopped: the real one is test_rehearse_runs_the_lab_...'s)."""
+    from grpolab import prepare
 
-    from grpolab.session import parser
+    class Built(Exception):
+        pass
 
-    args = parser("").parse_args(["--rehearse", "--output-dir", "/data/runs"])
-    assert args.rehearsal_dir is None  # prepare() then builds in /data/runs/rehearsal
-    assert parser("").parse_args(["--rehearsal-dir", "/big/disk"]).rehearsal_dir == Path("/big/disk")
+    roots = []
+
+    def build(settings, cannot, root):
+        roots.append(root)
+        raise Built
+
+    monkeypatch.setattr(prepare, "rehearse", build)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    for extra in ([], ["--rehearsal-dir", str(tmp_path / "big-disk")]):
+        with pytest.raises(Built):
+            lab_module.main(
+                ["--profile", "cpu", "--rehearse", "--output-dir", str(tmp_path / "runs"), *extra]
+            )
+    assert roots == [tmp_path / "runs" / "rehearsal", tmp_path / "big-disk"]
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(HAS_CUDA, reason="rehearses the CPU profile; on a GPU, --rehearse rehearses Qwen3-4B")
-def test_rehearse_runs_the_lab_on_the_random_checkpoint_and_measures_it(wave):
-    """`train.py --profile cpu --rehearse`, run in the wave (tests/conftest.py)."""
-    lab = wave["labs"]["rehearse"]
-    assert wave["codes"]["rehearse"] == 0, lab.log()
-    assert "=== Rehearsal: tiny-qwen3 with random weights" in lab.stdout
-    run = only_run(wave["client"], lab)
+@cpu_only("rehearses the CPU profile; on a GPU, --rehearse rehearses Qwen3-4B")
+def test_rehearse_runs_the_lab_on_the_random_checkpoint_and_measures_it(lab_module, stack, tmp_path):
+    """The README's `--rehearse`, in this process, its outputs (and so the checkpoint) in the test's folder."""
+    script, args = script_and_args(README_REHEARSE)
+    assert script == LAB_DIR / "train.py"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = run_in_process(lab_module, [*args, "--output-dir", str(tmp_path / "outputs")], uri=uri)
+    assert result.code == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "=== Rehearsal: tiny-qwen3 with random weights" in result.stdout
+    client = mlflow.MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("grpo-first").experiment_id])
     assert run.info.status == "FINISHED" and run.data.tags["run_kind"] == "rehearsal"
     assert run.info.run_name.startswith("rehearse-cpu-")
     assert run.data.params["max_steps"] == str(rehearsal.REHEARSAL_STEPS)
-    assert "/rehearsal/" in run.data.params["model"]
+    # The checkpoint it trained on was built under the lab's outputs.
+    assert Path(run.data.params["model"]).is_relative_to(tmp_path / "outputs" / "rehearsal")
     for line in ("base_weights", "lora_params", "optimizer_states"):
         assert f"{line}/measured_mib" in run.data.metrics and f"{line}/budget_mib" in run.data.metrics, line
     assert abs(run.data.metrics["lora_params/rel_error"]) < 0.01

@@ -5,12 +5,14 @@ and a full disk each leave the run in a status that tells the truth, with the ca
 `ending` and its description. The store is checked before anything loads: a wrong tracking URI is
 one line and exit code 2 within seconds.
 
-The slow tests share one wave of real lab processes started at the same moment on a fresh store
-(which is also the test that two first runs on a new store are safe): two that finish, and one per
-signal, each sent its signal once the lab has printed two training steps. A full disk is a file-size
-limit (RLIMIT_FSIZE, set on the running lab with prlimit once its first checkpoint is written):
-Python ignores SIGXFSZ, so the trainer's next checkpoint write fails with EFBIG inside the real
-save, exactly where ENOSPC would, without root, a mount or a stand-in for the save.
+The slow tests share the wave of real lab processes (conftest.py), started at the same moment, four
+of them on one fresh store (which is also the test that first runs on a new store are safe): two
+that finish, one out of memory and one stopped by SIGHUP; on stores of their own one stopped by
+SIGTERM and one by SIGKILL (each sent once the lab has printed two training steps; tests/test_run_resume.py
+resumes both) and one whose disk fills. A full disk is a file-size limit (RLIMIT_FSIZE, set on the
+running lab with prlimit once its first checkpoint is written): Python ignores SIGXFSZ, so the
+trainer's next checkpoint write fails with EFBIG inside the real save, exactly where ENOSPC would,
+without root, a mount or a stand-in for the save.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import errno
 import json
 import os
 import resource
-import shutil
 import signal
 import socket
 import sqlite3
@@ -33,32 +34,24 @@ from pathlib import Path
 import mlflow
 import pytest
 import torch
-from conftest import HAS_CUDA, LAB_DIR, REPO_ROOT, SIGNALLED, STEPS_BEFORE_SIGNAL, only_run
 
 from budgets.units import GIB, MIB
 from grpolab import endings, run_result, tracking
 from grpolab.atomic import save_pretrained_atomically
 
-RECONCILE_COMMAND = ["uv", "run", "python", "-m", "grpolab", "runs", "--reconcile"]  # the README's
+from suite import LAB_DIR, REPO_ROOT, SIGNALLED, STEPS_BEFORE_SIGNAL, cpu_only, free_port, only_run
 
-
-def lab_env(uri: str) -> dict[str, str]:
-    return {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONUNBUFFERED": "1"}
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # closed again when the socket goes: nothing listens there
+ON_CPU = cpu_only("runs the CPU profile; on a GPU the same command runs Qwen3-4B")
 
 
 # --- the store, checked before anything loads -----------------------------------------------------
 def refused(uri: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, float]:
+    """The lab as a fresh process (its refusal must come before the imports that take a minute)."""
     started = time.perf_counter()
     result = subprocess.run(
         [sys.executable, str(LAB_DIR / "train.py"), "--output-dir", str(tmp_path / "outputs")],
         cwd=REPO_ROOT,
-        env=lab_env(uri),
+        env={**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONUNBUFFERED": "1"},
         capture_output=True,
         text=True,
         timeout=120,
@@ -66,8 +59,9 @@ def refused(uri: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess, floa
     return result, time.perf_counter() - started
 
 
+@pytest.mark.slow
 def test_an_unreachable_tracking_server_costs_seconds_and_one_line(tmp_path):
-    port = closed_port()
+    port = free_port()  # nothing listens there
     result, seconds = refused(f"http://127.0.0.1:{port}", tmp_path)
     assert result.returncode == 2, result.stderr[-2000:]
     (line,) = result.stderr.strip().splitlines()
@@ -114,6 +108,7 @@ def _locked_store(path: Path):
     return db
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("problem", "expected"),
     [
@@ -313,6 +308,7 @@ def plant(client, experiment: str, name: str, **process: str):
     return client.create_run(experiment_id, run_name=name, tags=tags)
 
 
+@pytest.mark.slow
 def test_reconcile_ends_only_runs_whose_process_died_on_this_host(store):
     pid, started = dead_process()
     dead = plant(store, "reconcile", "dead", host=socket.gethostname(), pid=str(pid), start_time=started)
@@ -352,6 +348,7 @@ def test_reconcile_ends_only_runs_whose_process_died_on_this_host(store):
         store.set_terminated(run.info.run_id, "FINISHED")
 
 
+@pytest.mark.slow
 def test_runs_command_lists_open_runs_and_whether_their_process_lives(store, capsys):
     from grpolab.__main__ import main
 
@@ -404,6 +401,7 @@ def _session_inputs(tmp_path):
     return settings, compute(settings.plan()), Device("cpu"), args
 
 
+@pytest.mark.slow
 def test_the_harness_reconciles_at_start_and_describes_how_its_run_ended(store, tmp_path, capsys):
     from grpolab.session import session
 
@@ -490,43 +488,52 @@ def test_a_half_written_checkpoint_is_removed_and_the_previous_one_kept(store, t
     assert tags["mlflow.note.content"] == f"Failed at step 4 of 10: {message}."
 
 
-# --- real lab processes: the wave (tests/conftest.py), every ending at once on a fresh store ---
+# --- real lab processes: the wave (conftest.py), every ending at once ------------------------------
+def client_of(wave, name: str | None = None):
+    """The MLflow client on the wave's shared store, or on the store of the lab `name` ran on alone."""
+    if name is None:
+        return mlflow.MlflowClient(wave["uri"])
+    return mlflow.MlflowClient(f"sqlite:///{wave['labs'][name].output / 'mlflow.db'}")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(HAS_CUDA, reason="runs the CPU profile; on a GPU the same command runs Qwen3-4B")
+@ON_CPU
 def test_two_first_runs_on_a_fresh_store_both_finish(wave):
     for name in ("finish-1", "finish-2"):
         lab = wave["labs"][name]
         assert wave["codes"][name] == 0, lab.log()
-        run = only_run(wave["client"], lab)
+        run = only_run(client_of(wave), lab)
         assert (run.info.status, run.data.tags["ending"]) == ("FINISHED", "finished")
         assert run.data.tags["mlflow.note.content"].startswith("**The budget ")  # the Overview's verdict
         assert run.data.params["task"] == ("countdown" if name == "finish-2" else "addition")
-    # Seven processes opened a new store at once; none died in MLflow's schema migration.
+    # Four processes opened a new store at once; none died in MLflow's schema migration.
     for lab in wave["labs"].values():
         assert "duplicate column" not in lab.stderr, lab.log()
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(HAS_CUDA, reason="runs the CPU profile; on a GPU the same command runs Qwen3-4B")
+@ON_CPU
 @pytest.mark.parametrize(
-    ("name", "opening"),
+    ("name", "opening", "steps"),
     [
-        ("SIGTERM", "Stopped by SIGTERM (kill, timeout, docker stop, a scheduler or a closed cloud session)"),
-        ("SIGHUP", "Stopped by SIGHUP (its terminal or SSH session closed)"),
+        (
+            "SIGTERM",
+            "Stopped by SIGTERM (kill, timeout, docker stop, a scheduler or a closed cloud session)",
+            20,
+        ),
+        ("SIGHUP", "Stopped by SIGHUP (its terminal or SSH session closed)", 500),
     ],
 )
-def test_a_signal_ends_the_run_killed_with_its_measurements_and_adapter(wave, name, opening):
+def test_a_signal_ends_the_run_killed_with_its_measurements_and_adapter(wave, name, opening, steps):
     lab = wave["labs"][name]
     assert wave["codes"][name] == 128 + SIGNALLED[name], lab.log()
-    run = only_run(wave["client"], lab)
+    run = only_run(client_of(wave, name if name == "SIGTERM" else None), lab)
     assert (run.info.status, run.data.tags["ending"]) == ("KILLED", name), lab.log()
     note = run.data.tags["mlflow.note.content"]
     step = int(note.removeprefix(f"{opening} at step ").split(" ")[0])
-    assert note.startswith(f"{opening} at step {step} of 500.") and step >= STEPS_BEFORE_SIGNAL, note
+    assert note.startswith(f"{opening} at step {step} of {steps}.") and step >= STEPS_BEFORE_SIGNAL, note
     assert "(run ended KILLED: figures so far)" in note
-    assert f"{opening} at step {step} of 500: run {run.info.run_id} ends KILLED" in lab.stdout
+    assert f"{opening} at step {step} of {steps}: run {run.info.run_id} ends KILLED" in lab.stdout
     assert "lora_params/measured_mib" in run.data.metrics and "total/measured_mib" in run.data.metrics
     (folder,) = lab.output.glob("grpo-first/*")
     assert (folder / "adapter" / "adapter_model.safetensors").is_file()
@@ -534,44 +541,35 @@ def test_a_signal_ends_the_run_killed_with_its_measurements_and_adapter(wave, na
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(HAS_CUDA, reason="runs the CPU profile; on a GPU the same command runs Qwen3-4B")
-def test_sigkill_leaves_a_run_that_reconcile_ends_killed_and_nothing_else(wave):
-    lab, client = wave["labs"]["SIGKILL"], wave["client"]
-    assert wave["codes"]["SIGKILL"] == -signal.SIGKILL, lab.log()
-    killed = only_run(client, lab)
-    assert killed.info.status == "RUNNING"  # what SIGKILL leaves: nothing could close it
-    tags = killed.data.tags
-    other = client.create_run(
-        killed.info.experiment_id,
-        run_name="another host's",
-        tags={**{k: tags[k] for k in ("process.pid", "process.start_time")}, "process.host": "another-host"},
-    )
-    command = RECONCILE_COMMAND if shutil.which("uv") else [sys.executable, *RECONCILE_COMMAND[3:]]
-    # A live process's run: this one's (not through lab_run, which would reconcile the store itself).
-    alive = client.create_run(killed.info.experiment_id, run_name="alive", tags=tracking.process_tags())
-    result = subprocess.run(
-        command, cwd=REPO_ROOT, env=lab_env(wave["uri"]), capture_output=True, text=True, timeout=300
-    )
+@ON_CPU
+def test_sigkill_leaves_a_run_that_reconcile_ends_killed_and_nothing_else(stopped):
+    """The README's `runs --reconcile` on the store of the lab SIGKILL stopped (conftest.py: `stopped`,
+    which plants a run of this live process and one of another host beside it)."""
+    killed = stopped["SIGKILL"]
+    lab = killed["lab"]
+    assert killed["code"] == -signal.SIGKILL, lab.log()
+    assert killed["before"].info.status == "RUNNING"  # what SIGKILL leaves: nothing could close it
+    result = killed["reconciled"]
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"Ended run {killed.info.run_name} ({killed.info.run_id}) KILLED" in result.stdout
+    run_id, alive = killed["before"].info.run_id, killed["planted"]["alive"]
+    assert f"Ended run {killed['before'].info.run_name} ({run_id}) KILLED" in result.stdout
     assert (
         f"({alive.info.run_id}), pid {os.getpid()} on {socket.gethostname()}: its process is alive"
         in result.stdout
     )
-    ended = client.get_run(killed.info.run_id)
+    ended = killed["after_stop"]
     assert (ended.info.status, ended.data.tags["ending"]) == ("KILLED", "process died")
     note = ended.data.tags["mlflow.note.content"]
-    assert f"The process (pid {lab.process.pid} on {socket.gethostname()}" in note
+    assert f"The process (pid {lab.pid} on {socket.gethostname()}" in note
     assert "died without closing its run: SIGKILL" in note
     last_step = int(note.split("Last step logged: ")[1].split(";")[0])
     assert last_step >= STEPS_BEFORE_SIGNAL and "peak memory logged: " in note
-    assert client.get_run(alive.info.run_id).info.status == "RUNNING"  # its process lives: untouched
-    client.set_terminated(alive.info.run_id)
-    assert client.get_run(other.info.run_id).info.status == "RUNNING"
+    # A live process's run and another host's: untouched.
+    assert killed["planted_status"] == {"alive": "RUNNING", "other host": "RUNNING"}
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(HAS_CUDA, reason="runs the CPU profile; on a GPU the same command runs Qwen3-4B")
+@ON_CPU
 def test_a_full_disk_at_a_checkpoint_fails_the_run_and_keeps_the_previous_checkpoint(wave):
     lab, disk = wave["labs"]["disk"], wave["disk"]
     assert disk.limit is not None and disk.kept, "the first checkpoint never appeared:\n" + lab.log()
@@ -593,8 +591,32 @@ def test_a_full_disk_at_a_checkpoint_fails_the_run_and_keeps_the_previous_checkp
         assert now == files, name
         assert f"{name} is intact" in error
     assert "was removed" in error
-    client = mlflow.MlflowClient(wave["disk_uri"])
-    (run,) = client.search_runs([client.get_experiment_by_name("grpo-first").experiment_id])
+    (run,) = client_of(wave, "disk").search_runs(
+        [client_of(wave, "disk").get_experiment_by_name("grpo-first").experiment_id]
+    )
     assert (run.info.status, run.data.tags["ending"]) == ("FAILED", "disk full")
     note = run.data.tags["mlflow.note.content"]
     assert note.startswith("Failed at step ") and error.removeprefix("error: ") in note
+
+
+@pytest.mark.slow
+@ON_CPU
+def test_running_out_of_memory_leaves_a_failed_run_with_peak_phase_and_line(wave, tmp_path):
+    """`train.py --profile cpu --max-steps 3 --memory-cap-gib 0.02`, run in the wave (conftest.py)."""
+    lab = wave["labs"]["oom"]
+    assert wave["codes"]["oom"] == 3, lab.log()
+    (error,) = [line for line in lab.stderr.splitlines() if line.startswith("error: out of memory")]
+    assert "lower" in error or "use" in error
+    run = only_run(client_of(wave), lab)
+    assert (run.info.status, run.data.tags["ending"]) == ("FAILED", "out of memory"), lab.log()
+    assert run.data.tags["mlflow.note.content"].startswith("Out of memory during ")
+    assert run.data.metrics["oom/peak_gib"] > 0
+    assert run.data.tags["oom_phase"] in {"load", "generate", "train_step", "train"}
+    assert run.data.tags["oom_line"] in json.dumps(
+        json.loads(
+            Path(
+                client_of(wave).download_artifacts(run.info.run_id, "budget/sheet.json", str(tmp_path))
+            ).read_text()
+        )["lines"]
+    )
+    assert not list(lab.output.glob("*/*/adapter")), "no adapter for a run that never trained"

@@ -1,14 +1,15 @@
 """Resuming an interrupted run: the same MLflow run goes on, from the newest whole checkpoint, to the
 same adapter an uninterrupted run trains.
 
-The wave (tests/conftest.py) starts the README's command with flags three times at once: `finish-1`
-runs it to its last step; `resume-SIGTERM` is stopped by SIGTERM after two steps (the harness saves
-the step it finished as a checkpoint); `resume-SIGKILL` saves a checkpoint every step and is killed
-after two, past its last whole checkpoint, leaving steps logged that the checkpoint does not hold.
-Here each is resumed as the README says (`--resume last`, and by its folder), and the resumed runs are
-held against finish-1: one metric point per step, nothing twice and nothing missing, the resume in
-the description, and the adapter equal within floating-point tolerance. The refusals (no
-checkpoint, a half-written one, another chapter, another model or LoRA shape, a finished run) run
+The wave (conftest.py) starts the README's command with flags three times at once: `finish-1` runs it
+to its last step; `SIGTERM` is stopped by SIGTERM after two steps (the harness saves the step it
+finished as a checkpoint); `SIGKILL` saves a checkpoint every step and is killed after two, past its
+last whole checkpoint, leaving steps logged that the checkpoint does not hold. The `stopped` fixture
+(conftest.py) lists them with the README's `python -m grpolab runs`, reconciles SIGKILL's store, and
+resumes each as the README says (`--resume last`, and by its folder) in this process; here the
+resumed runs are held against finish-1: one metric point per step, nothing twice and nothing missing,
+the resume in the description, and the adapter equal within floating-point tolerance. The refusals
+(no checkpoint, a half-written one, another chapter, another model or LoRA shape, a finished run) run
 in this process on runs written for them: one line each, exit 2, nothing written.
 """
 
@@ -18,68 +19,25 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import mlflow
 import pytest
-from conftest import HAS_CUDA, LAB_DIR, README_FLAGS, REPO_ROOT, only_run
 
 from grpolab import resume
 from grpolab.checkpoints import WHOLE
 from grpolab.errors import LabSettingsError
 from grpolab.settings import lab_settings
 
-README_RESUME = ["uv", "run", "python", "labs/grpo-first/train.py", "--resume", "last"]
-README_RUNS = ["uv", "run", "python", "-m", "grpolab", "runs"]
+from suite import LAB_DIR, README_FLAGS, cpu_only, script_and_args
+
+README_RESUME_RUN = "uv run python labs/grpo-first/train.py --resume <run id>"
 MAX_STEPS = int(README_FLAGS[README_FLAGS.index("--max-steps") + 1])
 # How far a resumed adapter may lie from the uninterrupted one (largest absolute difference of any
 # LoRA weight, against weights of order 1e-2): measured 0.0 on CPU, one thread (bit for bit); a bound
 # for a busier machine, far below what one step moves a weight (a learning rate of 2e-2).
 ADAPTER_TOLERANCE = 1e-6
-
-
-def _command(readme: list[str]) -> list[str]:
-    return readme if shutil.which("uv") else [sys.executable, *readme[3:]]
-
-
-def _env(uri: str) -> dict[str, str]:
-    # One thread, as the wave's labs train: the same reductions in the same order, bit for bit.
-    return {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-
-
-@pytest.fixture(scope="session")
-def resumed(wave):
-    """The two stopped runs, listed by `python -m grpolab runs`, then resumed (SIGTERM's with the
-    README's `--resume last`, SIGKILL's by its folder), one after the other."""
-    if HAS_CUDA:
-        pytest.skip("runs the CPU profile; on a GPU the same commands run Qwen3-4B")
-    out = {}
-    for name in ("resume-SIGTERM", "resume-SIGKILL"):
-        lab = wave["labs"][name]
-        uri = f"sqlite:///{lab.output / 'mlflow.db'}"
-        client = mlflow.MlflowClient(uri)
-        before = only_run(client, lab)
-        listed = subprocess.run(
-            _command(README_RUNS), cwd=REPO_ROOT, env=_env(uri), capture_output=True, text=True, timeout=300
-        )
-        (folder,) = lab.output.glob("grpo-first/*")
-        target = ["--resume", str(folder)] if name == "resume-SIGKILL" else []
-        command = [*_command(README_RESUME[:-2]), *(target or README_RESUME[-2:])]
-        result = subprocess.run(
-            command, cwd=REPO_ROOT, env=_env(uri), capture_output=True, text=True, timeout=900
-        )
-        out[name] = {
-            "lab": lab,
-            "before": before,
-            "listed": listed,
-            "result": result,
-            "client": client,
-            "folder": folder,
-            "after": client.get_run(before.info.run_id),
-        }
-    return out
+ON_CPU = cpu_only("runs the CPU profile; on a GPU the same commands run Qwen3-4B")
 
 
 def _adapter(folder: Path) -> dict:
@@ -93,11 +51,12 @@ def _steps(client, run_id: str, key: str) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["resume-SIGTERM", "resume-SIGKILL"])
-def test_a_resumed_run_trains_on_to_the_adapter_of_a_run_never_stopped(resumed, wave, name):
-    r = resumed[name]
+@ON_CPU
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGKILL"])
+def test_a_resumed_run_trains_on_to_the_adapter_of_a_run_never_stopped(stopped, wave, name):
+    r = stopped[name]
     result, client = r["result"], r["client"]
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.code == 0, result.stdout[-3000:] + result.stderr[-3000:]
     after = r["after"]
     assert (after.info.status, after.data.tags["ending"]) == ("FINISHED", "finished")
     assert after.info.run_id == r["before"].info.run_id  # the same MLflow run
@@ -109,9 +68,9 @@ def test_a_resumed_run_trains_on_to_the_adapter_of_a_run_never_stopped(resumed, 
         note
     )
     assert f"Resuming run {after.info.run_id} " in result.stdout
-    if name == "resume-SIGKILL":  # the resume first ended the dead run, offering the resume it then did
-        assert f"Ended run {after.info.run_name} ({after.info.run_id}) KILLED" in result.stdout
-        assert "  Resume it from checkpoint-" in result.stdout
+    if name == "SIGKILL":  # reconcile ended the dead run, offering the resume that was then done
+        assert "  Resume it from checkpoint-" in r["reconciled"].stdout
+        assert record["after"] == "process died", record
     # One point per step, from the first to the last: none twice (the steps trained again after the
     # checkpoint are not logged again), none missing.
     for key in ("loss", "reward", "memory/step_peak_gib"):
@@ -134,8 +93,7 @@ def test_a_resumed_run_trains_on_to_the_adapter_of_a_run_never_stopped(resumed, 
     assert _steps(client, after.info.run_id, "total/measured_mib") in ([0, MAX_STEPS], [MAX_STEPS])
     assert _steps(client, after.info.run_id, "total/budget_mib") == [0]
     # The same adapter as the run that was never stopped, trained with the same seed and settings.
-    reference = wave["labs"]["finish-1"].output
-    (reference_folder,) = reference.glob("grpo-first/*")
+    (reference_folder,) = wave["labs"]["finish-1"].output.glob("grpo-first/*")
     ours, theirs = _adapter(r["folder"]), _adapter(reference_folder)
     assert ours.keys() == theirs.keys()
     worst = max((ours[k] - theirs[k]).abs().max().item() for k in ours)
@@ -147,22 +105,23 @@ def test_a_resumed_run_trains_on_to_the_adapter_of_a_run_never_stopped(resumed, 
 
 
 @pytest.mark.slow
-def test_the_stopped_run_printed_its_resume_command_and_runs_lists_it(resumed, wave):
-    stopped = resumed["resume-SIGTERM"]
-    lab, before = stopped["lab"], stopped["before"]
-    assert wave["codes"]["resume-SIGTERM"] == 128 + signal.SIGTERM, lab.log()
+@ON_CPU
+def test_the_stopped_run_printed_its_resume_command_and_runs_lists_it(stopped):
+    term = stopped["SIGTERM"]
+    lab, before = term["lab"], term["before"]
+    assert term["code"] == 128 + signal.SIGTERM, lab.log()
     assert (before.info.status, before.data.tags["ending"]) == ("KILLED", "SIGTERM")
     run_id = before.info.run_id
     line = next(line for line in lab.stdout.splitlines() if line.startswith("Resume it from checkpoint-"))
     assert line.endswith(f"uv run python labs/grpo-first/train.py --resume {run_id}"), line
     assert "MLFLOW_TRACKING_URI=sqlite:///" in line  # not the default store: the command says which
     assert "Resume it from checkpoint-" in before.data.tags["mlflow.note.content"]
-    listed = stopped["listed"]
+    listed = term["listed"]
     assert listed.returncode == 0, listed.stderr[-2000:]
     assert "Interrupted runs that can be resumed:" in listed.stdout
     assert f"({run_id}), KILLED (SIGTERM): Resume it from checkpoint-" in listed.stdout
     # SIGKILL: nothing ran at the end; the listing (which reconciles nothing) still offers the resume
-    killed = resumed["resume-SIGKILL"]
+    killed = stopped["SIGKILL"]
     assert killed["before"].info.status == "RUNNING"
     assert "its process died without closing it" in killed["listed"].stdout
 
@@ -239,7 +198,8 @@ def refusal(lab_module, capsys, client, tmp_path: Path, argv: list[str]) -> str:
 
 def test_a_run_that_finished_is_refused(lab_module, capsys, store, tmp_path):
     run, _ = interrupted_run(store, tmp_path, status="FINISHED")
-    err = refusal(lab_module, capsys, store, tmp_path, ["--resume", run.info.run_id])
+    _, argv = script_and_args(README_RESUME_RUN.replace("<run id>", run.info.run_id))
+    err = refusal(lab_module, capsys, store, tmp_path, argv)
     assert (
         err
         == f"error: resume: run {run.info.run_id} ({run.info.run_name}) FINISHED all its steps: nothing to resume (start a new run to train longer)"
@@ -265,10 +225,10 @@ def test_a_half_written_newest_checkpoint_is_skipped_with_a_word(store, tmp_path
 
 
 def test_a_run_of_another_chapter_is_refused(lab_module, capsys, store, tmp_path):
-    run, _ = interrupted_run(store, tmp_path, chapter="grpo-sizing")
+    run, _ = interrupted_run(store, tmp_path, chapter="grpo-another")
     err = refusal(lab_module, capsys, store, tmp_path, ["--resume", run.info.run_id])
     assert (
-        f"is chapter grpo-sizing's, not grpo-first's: resume it with labs/grpo-sizing/train.py --resume {run.info.run_id}"
+        f"is chapter grpo-another's, not grpo-first's: resume it with labs/grpo-another/train.py --resume {run.info.run_id}"
         in err
     )
 

@@ -466,6 +466,7 @@ def test_signature_binds_trl_kwargs(func: object) -> None:
     assert rewards == [expected] * 4
 
 
+@pytest.mark.slow
 def test_import_task_stays_light() -> None:
     # Argument checks (an unknown task name) should answer before heavy libraries load.
     import subprocess

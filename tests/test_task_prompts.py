@@ -1,6 +1,6 @@
 """Every task's prompts fit the CPU profile's tiny character-level model.
 
-The lab's CPU profile (labs/grpo-first/lab.toml) trains a tiny Qwen3 whose tokenizer has one token
+The book's CPU profile (grpolab/recipe.toml, which labs/grpo-first trains as it is) trains a tiny Qwen3 whose tokenizer has one token
 per character (plus the chat template's and the answer tags' special tokens), with a short
 max_seq_length: the longest prompt of every task, chat-templated, must leave room for a full
 completion, and every character a task writes must be in that tokenizer's vocabulary.
@@ -8,15 +8,13 @@ completion, and every character a task writes must be in that tokenizer's vocabu
 
 from __future__ import annotations
 
-import tomllib
-from pathlib import Path
-
 import pytest
 
 import task
+from grpolab.settings import lab_settings
 
-ROOT = Path(__file__).resolve().parents[1]
-LAB = ROOT / "labs" / "grpo-first" / "lab.toml"
+from suite import LAB_DIR
+
 TASKS = list(task.TASKS.values())
 IDS = [t.name for t in TASKS]
 # The issue's limit: the chat-templated prompt, counted in characters, stays under 220 (the template's
@@ -26,7 +24,8 @@ MAX_TEMPLATED_CHARS = 220
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    tiny_model = pytest.importorskip("grpolab.tiny_model")
+    from grpolab import tiny_model
+
     return tiny_model.build_tokenizer()
 
 
@@ -42,13 +41,8 @@ def test_longest_prompt_fits_the_cpu_profile(t: task.Task, tokenizer) -> None:
     # A character-level tokenizer: max_prompt_chars plus the template bounds the tokens.
     template_chars = len(text) - t.max_prompt_chars()
     assert tokens <= t.max_prompt_chars() + template_chars
-    lab = tomllib.loads(LAB.read_text()) if LAB.exists() else {}
-    # The profile's values override the shared ones at the top of the file.
-    cpu = {k: v for k, v in lab.items() if not isinstance(v, dict)} | lab.get("profile", {}).get("cpu", {})
-    if not {"max_seq_length", "max_completion_length"} <= set(cpu):
-        pytest.skip(f"{LAB} names no cpu max_seq_length and max_completion_length to check against")
-    room = cpu["max_seq_length"] - cpu["max_completion_length"]
-    assert tokens <= room, f"{t.name}: {tokens} prompt tokens, {room} left by lab.toml's cpu profile"
+    room = lab_settings(LAB_DIR, "cpu").prompt_room  # max_seq_length - max_completion_length
+    assert tokens <= room, f"{t.name}: {tokens} prompt tokens, {room} left by the book's cpu profile"
 
 
 @pytest.mark.parametrize("t", TASKS, ids=IDS)

@@ -69,16 +69,17 @@ def test_cache_is_built_once_and_reloads_offline(tmp_path, monkeypatch):
     assert left == ["tiny"], "no staging folder left behind"
 
 
+@pytest.mark.slow
 def test_two_first_runs_build_the_model_once(tmp_path):
     """Two labs started together on a fresh machine: one builds, the other waits and loads it."""
     import subprocess
     import sys
 
-    from conftest import REPO_ROOT
+    from suite import REPO_ROOT
 
     script = (
         "import sys, os; from grpolab import tiny_model\n"
-        "tiny_model.WARM_START['steps'] = 20\n"
+        "tiny_model.WARM_START['steps'] = 2\n"
         "real = tiny_model.warm_start\n"
         "def counted(*a, **k):\n"
         f"    open({str(tmp_path / 'builds.txt')!r}, 'a').write(str(os.getpid()) + '\\n')\n"

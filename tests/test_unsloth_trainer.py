@@ -26,7 +26,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, gpu_only
+
+from suite import REPO_ROOT, gpu_only
 
 TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -256,6 +257,7 @@ def _site_source(relative: str) -> str:
 # --- The trainer class --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_cpu_profile_gets_unsloths_generated_trainer(probe):
     assert probe["trainer"] == "UnslothGRPOTrainer"
     assert probe["trl_rebound"], "trl.GRPOTrainer must be the generated class after grpo_trainer_class()"
@@ -264,6 +266,7 @@ def test_the_cpu_profile_gets_unsloths_generated_trainer(probe):
     assert Path(probe["generated_file"]).is_relative_to(Path(probe["work"]) / "unsloth_compiled_cache")
 
 
+@pytest.mark.slow
 @gpu_only(
     "import unsloth alone rewrites trl.GRPOTrainer on CUDA, and grpo_trainer_class() returns that class"
 )
@@ -287,6 +290,7 @@ def test_on_cuda_import_unsloth_alone_gives_the_generated_trainer(tmp_path):
 @pytest.mark.parametrize(
     ("card", "loaded", "flag"), [("sm_75", "float16", "fp16"), ("sm_120", "bfloat16", "bf16")]
 )
+@pytest.mark.slow
 def test_the_precision_decision_passes_unsloths_own_guard(probe, card, loaded, flag):
     case = probe["guard"][card]
     assert case["load_dtype"] == f"torch.{loaded}"
@@ -295,6 +299,7 @@ def test_the_precision_decision_passes_unsloths_own_guard(probe, card, loaded, f
     assert case["decided"][flag] is True and case["decided"]["mixed_precision"] == flag
 
 
+@pytest.mark.slow
 def test_bf16_from_torchs_emulated_answer_crashes_on_a_t4_only(probe):
     # The lab's old decision (bf16 = torch.cuda.is_bf16_supported(), True on a T4 by emulation).
     t4 = probe["guard"]["sm_75"]["bf16_by_emulation"]
@@ -305,6 +310,7 @@ def test_bf16_from_torchs_emulated_answer_crashes_on_a_t4_only(probe):
     assert probe["guard"]["sm_120"]["bf16_by_emulation"]["error"] is None
 
 
+@pytest.mark.slow
 def test_a_float32_model_without_flags_gets_autocast_from_unsloth(probe):
     # trainer_precision(float32, on_gpu=True) asks for neither flag; Unsloth's trainer then picks
     # the card's autocast itself (the model was not marked as a float32 request here).
@@ -312,6 +318,7 @@ def test_a_float32_model_without_flags_gets_autocast_from_unsloth(probe):
     assert probe["guard"]["sm_120"]["float32_no_flags"]["mixed_precision"] == "bf16"
 
 
+@pytest.mark.slow
 def test_the_guard_reads_the_dtype_where_model_dtype_reads_it(probe):
     guard = probe["guard_source"]
     assert "getattr(model.config, 'dtype', None) or getattr(model.config, 'torch_dtype', None)" in guard
@@ -337,6 +344,7 @@ def test_load_dtype_is_unsloths_rule():
     ] * 2 + [torch.bfloat16] * 4
 
 
+@pytest.mark.slow
 @gpu_only(
     "Unsloth loads the tiny model in the dtype load_dtype() names for this card, and trains with its flags"
 )
@@ -358,12 +366,14 @@ def test_load_dtype_matches_what_unsloth_loads_on_this_card(tmp_path):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
 
 
+@pytest.mark.slow
 def test_keep_float32_sets_the_mark_unsloths_gpu_loader_sets_and_its_guard_reads(probe):
     utils = _site_source("unsloth/models/_utils.py")
     assert "model._unsloth_user_float32 = bool(requested)" in utils  # _mark_requested_float32
     assert "user_float32 = bool(getattr(model, '_unsloth_user_float32', False))" in probe["guard_source"]
 
 
+@pytest.mark.slow
 def test_on_the_cpu_a_float32_model_needs_keep_float32(probe):
     # Without the stamp Unsloth's trainer turns the CPU profile's float32 model into fp16 autocast.
     assert probe["unsloth_trainer"]["fp16"] is True and probe["unsloth_trainer"]["mixed_precision"] == "fp16"
@@ -374,6 +384,7 @@ def test_on_the_cpu_a_float32_model_needs_keep_float32(probe):
 # --- The reference policy -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_trl_adds_a_ref_adapter_block_that_unsloth_removes(probe):
     trl_source, generated = probe["trl_source_text"], probe["generated_source"]
     block = "elif is_peft_model(model) and args.beta != 0.0:"
@@ -382,6 +393,7 @@ def test_trl_adds_a_ref_adapter_block_that_unsloth_removes(probe):
     assert "# PEFT initialization logic removed via script for trl >= 1.4.0" in generated
 
 
+@pytest.mark.slow
 def test_the_reference_is_the_base_with_adapters_disabled(probe):
     unsloth, trl = probe["unsloth_trainer"], probe["trl_trainer"]
     assert unsloth["beta"] == trl["beta"] == 0.02
@@ -390,6 +402,7 @@ def test_the_reference_is_the_base_with_adapters_disabled(probe):
     assert trl["adapters"] == ["default", "ref"] and not trl["ref_model"]
 
 
+@pytest.mark.slow
 def test_unsloth_keeps_lora_in_float32_where_trl_casts_it_to_bf16(probe):
     # TRL casts trainable params of a quantized model to bf16 (the QLoRA recipe); Unsloth's generated
     # trainer disables that block, so the adapter stays in the dtype PEFT gave it.
@@ -400,6 +413,7 @@ def test_unsloth_keeps_lora_in_float32_where_trl_casts_it_to_bf16(probe):
 # --- The config ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_unsloths_config_defaults_differ_from_trls(probe):
     config = probe["config"]
     assert config["trl"] == {
@@ -420,6 +434,7 @@ def test_unsloths_config_defaults_differ_from_trls(probe):
     assert config["unsloth_none"] == "group"
 
 
+@pytest.mark.slow
 def test_explicit_values_survive_unsloths_config(probe):
     assert probe["config"]["unsloth_explicit"] == {
         "warmup_steps": 0,
@@ -440,6 +455,7 @@ def _function_source(source: str, name: str) -> str:
     raise AssertionError(f"no function {name} in the generated trainer")
 
 
+@pytest.mark.slow
 def test_the_generated_trainer_scores_with_unsloth_zoos_chunked_hidden_states_logprobs(probe):
     body = _function_source(probe["generated_source"], "_get_per_token_logps_and_entropies")
     # Old and reference log-probs: hidden states x lm_head through unsloth_zoo, no full logits.
@@ -447,6 +463,7 @@ def test_the_generated_trainer_scores_with_unsloth_zoos_chunked_hidden_states_lo
     assert "lm_head = output_embeddings.weight" in body
 
 
+@pytest.mark.slow
 def test_unsloth_zoos_logprobs_are_exact_and_take_the_fused_linear_path(probe):
     logprobs = probe["logprobs"]
     assert logprobs["max_abs_error"] < 1e-4
@@ -456,6 +473,7 @@ def test_unsloth_zoos_logprobs_are_exact_and_take_the_fused_linear_path(probe):
     assert logprobs["fused_linear_calls"] >= 1
 
 
+@pytest.mark.slow
 def test_the_budgets_chunk_rule_is_unsloth_zoos_fused_linear_rows(probe):
     """The budget's logits line is one chunk of the fused path: fused_linear_rows x vocab x 4 B."""
     from budgets.arithmetic import FUSED_BYTES_PER_LOGIT, FUSED_CHUNK_BYTES, fused_linear_rows

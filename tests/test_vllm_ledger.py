@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 
 from budgets import compute
+from budgets.units import GIB
 from grpolab import vllm_ledger
 from grpolab.settings import lab_settings
 
-GIB = 1 << 30
 # From the installed distribution, not an import: a CPU-only process blocks `import vllm` (grpolab.policy).
 VLLM = Path(importlib.metadata.distribution("vllm").locate_file("vllm"))
 

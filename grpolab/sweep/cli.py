@@ -7,12 +7,11 @@ stderr and exit code 2, before anything is run or logged.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from budgets import BudgetError
 from budgets.vocabulary import OneLineErrorParser
-from grpolab.endings import EXIT_BAD_INPUT
+from grpolab.errors import refuse
 from grpolab.flags import add_profile
 from grpolab.paths import OUTPUTS
 from grpolab.settings import FLAGS, LabSettingsError, add_flags, overrides_from
@@ -72,7 +71,7 @@ def main(
     given = sorted(set(overrides) & set(CELL_SETTINGS))
     if given:
         grid_flag = {"per_device_train_batch_size": "--grid-prompts-per-step"}
-        return _refuse(
+        return refuse(
             f"{given[0]}: the sweep sets it per cell; pass "
             f"{grid_flag.get(given[0], '--grid-' + given[0].replace('_', '-'))} with the values to sweep"
         )
@@ -85,14 +84,9 @@ def main(
         grid = Grid(*(getattr(args, f"grid_{knob}") or getattr(base, knob) for knob in KNOBS))
         planned, edge = plan_sweep(lab_dir, host, overrides, grid)
     except (LabSettingsError, BudgetError) as err:
-        return _refuse(str(err))
+        return refuse(str(err))
     announce(host, planned[0].settings, planned, edge)
     return run_sweep(lab_dir, args, host, grid, planned, edge, overrides)
-
-
-def _refuse(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return EXIT_BAD_INPUT
 
 
 def announce(host: Host, settings, planned: list[Planned], edge: Planned | None) -> None:

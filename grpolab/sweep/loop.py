@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,30 @@ def run_sweep(
 ) -> int:
     """Run every cell that fits (and, with --run-refused, the edge) under one sweep run; log the grid.
     Returns 0, or EXIT_CELL_FAILED when a cell that should have run did not finish."""
+    runs = sum(p.fits for p in planned) + (1 if args.run_refused and edge is not None else 0)
+    with cell_processes(runs) as server:  # before the store opens: the server has nothing to share
+        return _run(lab_dir, args, host, grid, planned, edge, overrides, server)
+
+
+@contextmanager
+def cell_processes(runs: int) -> Iterator[Any]:
+    """Where the cells' processes are forked from, on a machine without a GPU: the server this process
+    was given (`GRPOLAB_FORKSERVER`: a sweep started from one), else, for more than one cell, one of its
+    own, which imports the stack once for them all (grpolab.forkserver). None on a GPU, where each cell
+    starts fresh."""
+    from grpolab import forkserver
+
+    server = None
+    if runs and forkserver.available():
+        server = forkserver.ForkServer.connect() or (forkserver.ForkServer.start() if runs > 1 else None)
+    try:
+        yield server
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _run(lab_dir, args, host, grid, planned, edge, overrides, server) -> int:
     import mlflow
 
     from grpolab import tracking
@@ -72,7 +98,7 @@ def run_sweep(
                 if host.memory_cap_gib is not None:
                     extra += ["--memory-cap-gib", f"{host.memory_cap_gib:g}"]
             own = folder / p.cell.name  # the cell's run is the only one in it: its result is found there
-            exited = cells.run_cell(lab_dir, p, parent.info.run_id, _forwarded(own, overrides), extra)
+            exited = cells.run_cell(lab_dir, p, parent.info.run_id, _forwarded(own, overrides), extra, server)
             outcomes.append(cells.outcome(client, parent, p, exited, own))
         edge_outcome = next((o for o in outcomes if edge is not None and o.planned is edge), None)
         text, metrics = report.verdict(outcomes, edge_outcome)

@@ -22,6 +22,18 @@ def train():
     return module
 
 
+# The README's launch commands (tests/test_readme.py checks each README command is run by a test).
+README_LAUNCH = "uv run --project labs/grpo-verl python labs/grpo-verl/train.py launch --config one-card"
+README_DRY_RUN = (
+    "uv run --project labs/grpo-verl python labs/grpo-verl/train.py launch --config multi-node --dry-run"
+)
+
+
+def readme_args(words: list[str]) -> list[str]:
+    """The arguments a README command (split into words) passes to labs/grpo-verl/train.py."""
+    return words[words.index("labs/grpo-verl/train.py") + 1 :]
+
+
 def printed_command(out: str) -> list[str]:
     text = out.split("\ncommand:\n", 1)[1].strip().split("\n\n")[0]
     return shlex.split(text.replace("\\\n", " "))
@@ -30,7 +42,9 @@ def printed_command(out: str) -> list[str]:
 @pytest.mark.parametrize("name", sorted(LAB.configs))
 def test_launch_prints_the_sheet_the_verdict_and_the_exact_command(train, capsys, tmp_path, name):
     cfg = LAB.config(name)
-    assert train.main(["launch", "--config", name, "--data-dir", str(tmp_path), "--dry-run"]) == 0
+    args = readme_args(shlex.split(README_DRY_RUN))  # the README's multi-node dry run, for each configuration
+    args[args.index("--config") + 1] = name
+    assert train.main([*args, "--data-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     values = launch.overrides(cfg, LAB.task, tmp_path)
     sheet = budget.sheet(cfg, values)
@@ -82,7 +96,7 @@ def test_without_the_cards_it_prints_and_does_not_start(train, capsys, tmp_path)
 
     if torch.cuda.device_count() >= 1:
         pytest.skip("this machine has a GPU: launching would start a real run")
-    assert train.main(["launch", "--config", "one-card", "--data-dir", str(tmp_path)]) == 0
+    assert train.main([*readme_args(shlex.split(README_LAUNCH)), "--data-dir", str(tmp_path)]) == 0
     assert "not started: one-card needs 1 CUDA GPU(s) here; torch sees 0" in capsys.readouterr().out
     assert (
         train.main(["launch", "--config", "multi-node", "--data-dir", str(tmp_path), "--ray-address", ""])

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from conftest import REPO_ROOT, load_lab_module
 
 from grpolab import arms
 
-LAB = REPO_ROOT / "labs" / "grpo-reward-hacking"
+from suite import load_lab_module
+
+LAB = Path(__file__).resolve().parent
 
 
 def record(name: str, paid: list[float], exact: list[float], kl: list[float], findings: list[str]) -> dict:

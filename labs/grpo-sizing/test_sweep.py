@@ -2,7 +2,7 @@
 sweep reading it back (and a cell that left none), and the report on hand-built cell results.
 
 The harness writing the file at each ending is tests/test_run_endings.py's; the CPU sweep end to end
-is tests/test_sizing.py's (slow).
+is this chapter's test_chapter.py's (slow).
 """
 
 from __future__ import annotations
@@ -13,17 +13,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import REPO_ROOT
 
-from budgets.units import GIB
+from budgets.units import GIB, MIB
 from grpolab import comparison, run_result, sweep
 from grpolab.probe import PhasePeak
 from grpolab.sweep import cells, report
 from grpolab.sweep.cells import Exited
 
-LAB = REPO_ROOT / "labs" / "grpo-sizing"
+LAB = Path(__file__).resolve().parent
 CAP_GIB = 0.32  # the chapter's CPU_MEMORY_CAP_GIB: two cells fit, the edge past them does not
-MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Chapter 4 on CPU: the README's command, run once (tests/conftest.py: cpu_hacking), read back.
+"""Chapter 4 on CPU: the README's command, run once (conftest.py: `chapter_run`), read back.
 
 What the issue's "done when" asks of the runs: every arm nested under the chapter's run and finished;
 the honest arm's held-out accuracy up; the loose arm paid more while its held-out exact accuracy is
@@ -8,19 +8,42 @@ arm of the beta sweep; and the parent run carrying the verdict, the chart and th
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
-from conftest import load_lab_module
 
 from grpolab.doctor import quarters
+
+from suite import load_lab_module
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def lab():
-    from conftest import REPO_ROOT
+    return load_lab_module(Path(__file__).resolve().parent)
 
-    return load_lab_module(REPO_ROOT / "labs" / "grpo-reward-hacking")
+
+@pytest.fixture
+def cpu_hacking(chapter_run):
+    """The chapter's run, its arms' runs nested under it (by arm), and the arms' record it logged."""
+    assert chapter_run.code == 0, chapter_run.log()
+    (parent,) = [r for r in chapter_run.top if r.data.tags.get("run_kind") == "arms"]
+    client, store = chapter_run.client, chapter_run.store
+    record = json.loads(
+        Path(client.download_artifacts(parent.info.run_id, "arms/arms.json", str(store))).read_text()
+    )
+    print(f"the chapter's README command took {chapter_run.seconds:.0f} s")
+    return {
+        "parent": parent,
+        "children": {r.data.tags["arm"]: r for r in chapter_run.children(parent)},
+        "arms": {a["arm"]: a for a in record["arms"]},
+        "client": client,
+        "stdout": chapter_run.stdout,
+        "seconds": chapter_run.seconds,
+        "store": store,
+    }
 
 
 def test_every_arm_ran_nested_under_the_chapters_run(cpu_hacking, lab):
@@ -58,10 +81,19 @@ def test_the_doctor_names_the_hack_on_the_loose_arm_and_not_on_the_exact_arm(cpu
 
 
 def test_the_beta_sweep_logs_kl_per_arm(cpu_hacking):
-    arms = cpu_hacking["arms"]
+    """Each arm with a reference logs its KL every step; the arm without one (beta 0) trained with no
+    KL term, as its trainer's own arguments say, and so has no KL to show."""
+    arms, children = cpu_hacking["arms"], cpu_hacking["children"]
     for name in ("loose", "loose-beta0.2", "exact"):
-        assert arms[name]["kl"], f"{name}: no KL logged"
-    assert arms["loose-beta0"]["beta"] == 0.0
+        assert len(arms[name]["kl"]) == len(arms[name]["steps"]) > 0, f"{name}: KL not logged every step"
+        assert max(arms[name]["kl"]) > 0, f"{name}: the policy never left its reference"
+    assert arms["loose-beta0"]["kl"] == []
+    assert {name: float(run.data.params["trainer.beta"]) for name, run in children.items()} == {
+        "exact": 0.02,
+        "loose": 0.02,
+        "loose-beta0": 0.0,
+        "loose-beta0.2": 0.2,
+    }
 
 
 def test_a_tighter_leash_lets_less_of_the_hack_through(cpu_hacking):
@@ -82,8 +114,3 @@ def test_the_chapters_run_carries_the_verdict_the_chart_and_the_completions(cpu_
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "arms")}
     assert artifacts == {"arms/arms.json", "arms/completions.md", "arms/reward_vs_held_out.png"}
     assert "| loose |" in note  # the completions, side by side, in the description
-
-
-def test_the_cpu_command_runs_within_its_budget(cpu_hacking):
-    # The README's figure is measured on an idle 2-core machine; a loaded CI machine gets twice that.
-    assert cpu_hacking["seconds"] < 2 * 5 * 60, cpu_hacking["seconds"]

@@ -1,5 +1,7 @@
 """Chapter 2 (labs/grpo-sizing): the book's tables from the budget, the sweep's sizing, and the CPU
-sweep run once as the README runs it, read back through MLflow's client.
+sweep run once as the README runs it (conftest.py: `chapter_run`), read back through MLflow's client.
+The suite runs the README's `--run-refused` form, which is the README's sweep and, after it, the
+refused cell run anyway: both of the chapter's README commands in one run.
 
 The book's numbers are the book's (its hardware chapter); each test computes the sheet's own figure
 through the budget API and holds it against the published one within a stated tolerance.
@@ -13,13 +15,18 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, load_lab_module
 
 from budgets import Plan, compute, load_shape
 from grpolab import sweep
 from grpolab.settings import LabSettingsError, lab_settings
 
-LAB = REPO_ROOT / "labs" / "grpo-sizing"
+from suite import load_lab_module
+
+LAB = Path(__file__).resolve().parent
+README_SWEEP = "uv run python labs/grpo-sizing/train.py"
+README_SWEEP_REFUSED = "uv run python labs/grpo-sizing/train.py --run-refused"
+# The suite's run of this chapter: the README's sweep, then its refused cell run anyway.
+pytestmark = pytest.mark.chapter_command(README_SWEEP_REFUSED)
 GB = 1e9
 
 # --- the book's tables, from the budget ------------------------------------------------------------
@@ -183,7 +190,26 @@ def test_every_cell_runs_to_its_full_completion_length(tmp_path):
     assert "min_tokens: int" in source.read_text(), "vLLM's SamplingParams takes min_tokens"
 
 
-# --- the CPU sweep, run once as the README runs it (tests/conftest.py: cpu_sweep) -----------------
+# --- the CPU sweep, run once as the README runs it (conftest.py: chapter_run) ---------------------
+@pytest.fixture
+def cpu_sweep(chapter_run):
+    """The sweep's run, its cells' runs nested under it, and the cells' record it logged."""
+    assert chapter_run.code == 0, chapter_run.log()
+    assert chapter_run.chapter.command == README_SWEEP  # the README's row, run with --run-refused
+    (parent,) = [r for r in chapter_run.top if r.data.tags.get("run_kind") == "sweep"]
+    client, store = chapter_run.client, chapter_run.store
+    cells = json.loads(
+        Path(client.download_artifacts(parent.info.run_id, "sweep/cells.json", str(store))).read_text()
+    )
+    return {
+        "parent": parent,
+        "children": chapter_run.children(parent),
+        "cells": cells,
+        "client": client,
+        "stdout": chapter_run.stdout,
+        "seconds": chapter_run.seconds,
+        "store": store,
+    }
 
 
 @pytest.mark.slow

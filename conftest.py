@@ -1,0 +1,485 @@
+"""The suite's shared fixtures, for tests/ and for each chapter's own tests (labs/<name>/test_*.py).
+
+The suite pays for each import once and runs each chapter once:
+
+- **One preloaded parent.** Lab processes are forked from one fork server (grpolab.forkserver) that
+  imported torch, TRL, MLflow and Unsloth once; each is still a real process (its pid, signals, exit
+  status and resident set). Runs that need no process of their own run in this process
+  (`suite.run_in_process`), after the `stack` fixture imported the same stack here.
+- **One run per chapter.** Each chapter's README command (the README's chapter table says which) runs
+  once, in a store of its own, and every test about the chapter reads that run (`chapter_run`), its
+  notebook's included. A chapter whose lab.toml names an environment of its own (verl's) is tested
+  there, not here.
+- **Started early, read late.** The runs that take minutes (each chapter's command, the wave of lab
+  processes every ending needs) start together as soon as the tests are collected, and the tests that
+  read them run last: the fast tests run meanwhile. `--collect-only` starts nothing and reports what
+  a full run would start.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from suite import (
+    HAS_CUDA,
+    LAB_DIR,
+    README_COUNTDOWN,
+    README_FLAGS,
+    README_RECONCILE,
+    README_RESUME,
+    README_RUNS,
+    WAVE_TIMEOUT_S,
+    Chapter,
+    FileSizeLimit,
+    Lab,
+    chapter_of,
+    chapters,
+    script_and_args,
+    signal_after_steps,
+    stop_fork_server,
+)
+
+# A chapter with an environment of its own (lab.toml's `environment`) runs its tests there.
+collect_ignore_glob = [f"labs/{c.name}/*" for c in chapters() if not c.here]
+CHAPTER_TIMEOUT_S = 3600  # one chapter's README command, on a loaded 2-core machine
+
+
+# --- the runs started early -----------------------------------------------------------------------
+class Background:
+    """The session's long runs: each started once, in a thread of its own, as soon as the tests are
+    collected; `result(key)` waits for one (and raises what it raised)."""
+
+    def __init__(self, root: Path, commands: dict[str, str] | None = None) -> None:
+        self.root = root
+        self.commands = commands or {}  # a chapter's command for the suite, where its tests name one
+        self.jobs: dict[str, Future] = {}
+        self.started: dict[str, float] = {}
+        self.cleanup: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def start(self, key: str) -> Future:
+        with self._lock:
+            if key not in self.jobs:
+                future: Future = Future()
+                self.jobs[key], self.started[key] = future, time.perf_counter()
+                work = JOBS[key.split(":")[0]]
+                threading.Thread(target=self._run, args=(key, work, future), name=key, daemon=True).start()
+            return self.jobs[key]
+
+    def _run(self, key: str, work, future: Future) -> None:
+        try:
+            future.set_result(work(self, key.partition(":")[2]))
+        except BaseException as error:  # the test that reads it reports it
+            error.add_note(f"in the suite's background run {key!r}:\n{traceback.format_exc()}")
+            future.set_exception(error)
+
+    def result(self, key: str) -> Any:
+        return self.start(key).result()
+
+    def folder(self, name: str) -> Path:
+        path = self.root / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+@dataclass
+class ChapterRun:
+    """A chapter's README command, run once: how it ended, what it printed, and its MLflow store."""
+
+    chapter: Chapter
+    command: str  # what ran: the README's row, or the chapter's tests' chapter_command
+    code: int
+    stdout: str
+    stderr: str
+    seconds: float
+    store: Path  # the folder of its mlflow.db
+    uri: str
+    client: Any
+    runs: list = field(default_factory=list)  # every run of the chapter's experiment
+    outputs: list[Path] = field(default_factory=list)  # the run folders it wrote under outputs/
+
+    def log(self) -> str:
+        return f"--- stdout ---\n{self.stdout[-4000:]}\n--- stderr ---\n{self.stderr[-4000:]}"
+
+    @property
+    def top(self) -> list:
+        """The chapter's runs that are nobody's child (a lab's run, a sweep's, an arms run's)."""
+        return [r for r in self.runs if "mlflow.parentRunId" not in r.data.tags]
+
+    def children(self, parent) -> list:
+        return [r for r in self.runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+
+
+def run_chapter(background: Background, name: str) -> ChapterRun:
+    """The chapter's README command exactly (its script, its arguments, its default outputs/ folder),
+    as a process forked from the preloaded parent, into a store of its own. Its tests may name
+    another of the README's commands for it (`pytest.mark.chapter_command`)."""
+    import mlflow
+
+    from grpolab.paths import OUTPUTS
+
+    chapter = next(c for c in chapters() if c.name == name)
+    store = background.folder(f"chapter-{name}")
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    script, args = script_and_args(background.commands.get(name, chapter.command))
+    before = set((OUTPUTS / name).glob("*"))
+    lab = Lab(name, script, args, uri, store)
+    code = lab.wait(timeout=CHAPTER_TIMEOUT_S)
+    written = sorted(set((OUTPUTS / name).glob("*")) - before)
+    background.cleanup += [lambda p=p: shutil.rmtree(p, ignore_errors=True) for p in written]
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_experiment_by_name(name)
+    runs = client.search_runs([experiment.experiment_id], max_results=1000) if experiment else []
+    command = background.commands.get(name, chapter.command)
+    return ChapterRun(
+        chapter, command, code, lab.stdout, lab.stderr, lab.seconds, store, uri, client, runs, written
+    )
+
+
+# --- the wave: chapter 1's lab ended every way a run can end ---------------------------------------
+# A process per ending, started together: two that finish, one that runs out of memory and one
+# stopped by SIGHUP on one fresh store (which is also the test that first runs on a new store are
+# safe), and on stores of their own one whose disk fills and two to resume: one stopped by SIGTERM
+# (the harness saves the step it finished as a checkpoint) and one killed by SIGKILL past its last
+# checkpoint. The README's command with flags (tests/test_readme.py) is `finish-1`; the two stopped
+# runs train the same, so a resumed run can be held against it, bit for bit.
+def run_wave(background: Background, _: str) -> dict:
+    tmp = background.folder("wave")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+
+    def own(name: str) -> str:
+        (tmp / name).mkdir(exist_ok=True)
+        return f"sqlite:///{tmp / name / 'mlflow.db'}"
+
+    quick = ["--eval-prompts", "0"]
+    long = ["--max-steps", "500", *quick]
+    script = LAB_DIR / "train.py"
+
+    def lab(name, args, store=uri, on_line=None):
+        started = Lab(name, script, ["--output-dir", str(tmp / name), *args], store, tmp, on_line)
+        started.output = tmp / name  # its --output-dir (and, for a store of its own, the store's folder)
+        return started
+
+    started = time.perf_counter()
+    labs = {
+        "finish-1": lab("finish-1", README_FLAGS),
+        # the README's other task, shortened: two steps, no held-out evaluation
+        "finish-2": lab("finish-2", [*script_and_args(README_COUNTDOWN)[1], "--max-steps", "2", *quick]),
+        # room for 20 MiB past loading: out of memory
+        "oom": lab("oom", ["--profile", "cpu", "--max-steps", "3", "--memory-cap-gib", "0.02", *quick]),
+        "SIGHUP": lab("SIGHUP", long, on_line=signal_after_steps(signal.SIGHUP)),
+        "SIGTERM": lab("SIGTERM", README_FLAGS, own("SIGTERM"), signal_after_steps(signal.SIGTERM)),
+        # a checkpoint every step, so that it dies past its last whole one
+        "SIGKILL": lab(
+            "SIGKILL",
+            [*README_FLAGS, "--save-steps", "1"],
+            own("SIGKILL"),
+            signal_after_steps(signal.SIGKILL),
+        ),
+        "disk": lab(
+            "disk", [*long, "--save-steps", "2", "--lora-rank", "512", "--max-lora-rank", "512"], own("disk")
+        ),
+    }
+    disk = FileSizeLimit(tmp / "disk" / "mlflow.db")
+    disk.watch(labs["disk"])
+    codes = {name: lab.wait(timeout=WAVE_TIMEOUT_S) for name, lab in labs.items()}
+    print(f"\nthe wave of {len(labs)} labs: {time.perf_counter() - started:.0f} s")
+    return {"labs": labs, "codes": codes, "uri": uri, "disk": disk, "tmp": tmp}
+
+
+JOBS: dict[str, Callable[[Background, str], Any]] = {"chapter": run_chapter, "wave": run_wave}
+# Fixtures that read a background run, and the run each reads.
+BACKGROUND_FIXTURES = {"wave": "wave", "stopped": "wave"}
+
+
+def _background_of(item: pytest.Item) -> list[str]:
+    """The background runs a collected test will read."""
+    keys = [BACKGROUND_FIXTURES[f] for f in item.fixturenames if f in BACKGROUND_FIXTURES]
+    for marker in item.iter_markers("chapter"):
+        keys.append(f"chapter:{marker.args[0]}")
+    if "chapter_run" in item.fixturenames:
+        found = chapter_of(item.path)
+        if found is not None:
+            keys.append(f"chapter:{found.name}")
+    return keys
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "chapter(name): the test reads that chapter's README run")
+    config.addinivalue_line(
+        "markers",
+        "chapter_command(command): the README command the suite runs for the test's chapter, when it is "
+        "not the chapter table's (a longer form that covers two README commands, or a shorter one)",
+    )
+
+
+def _commands(items: list) -> dict[str, str]:
+    """The command each chapter's tests ask the suite to run for it, where they name one."""
+    found: dict[str, str] = {}
+    for item in items:
+        marker = item.get_closest_marker("chapter_command")
+        if marker is None:
+            continue
+        name = chapter_for(item).name
+        if found.setdefault(name, marker.args[0]) != marker.args[0]:
+            raise pytest.UsageError(f"{name}: two commands for its run: {found[name]!r}, {marker.args[0]!r}")
+    return found
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
+    """Start every background run the collected tests read, and run those tests last."""
+    needed: dict[str, None] = {}
+    for item in items:
+        for key in _background_of(item):
+            needed.setdefault(key, None)
+    order = {key: i for i, key in enumerate(sorted(needed, key=_expected_order))}
+    items.sort(key=lambda item: max((order[k] + 1 for k in _background_of(item)), default=0))
+    commands = _commands(items)
+    config.stash[NEEDED] = [
+        f"{key} ({commands.get(key.partition(':')[2], '')})".replace(" ()", "") for key in order
+    ]
+    if config.option.collectonly or HAS_CUDA or not needed:
+        return
+    background = Background(config._tmp_path_factory.mktemp("background"), commands)
+    config.stash[BACKGROUND] = background
+    for key in order:
+        background.start(key)
+
+
+def _expected_order(key: str) -> tuple[int, str]:
+    """Tests that read the quicker runs go first: the wave, then the chapters in the README's order."""
+    if key == "wave":
+        return (0, key)
+    names = [c.name for c in chapters()]
+    name = key.partition(":")[2]
+    return (1 + (names.index(name) if name in names else len(names)), key)
+
+
+def pytest_report_collectionfinish(config: pytest.Config, start_path: Path, items: list) -> list[str]:
+    needed = config.stash.get(NEEDED, [])
+    return [f"background runs: {', '.join(needed) if needed else 'none'}"]
+
+
+NEEDED = pytest.StashKey[list]()
+BACKGROUND = pytest.StashKey[Background]()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    background = session.config.stash.get(BACKGROUND, None)
+    if background is not None:
+        for undo in background.cleanup:
+            undo()
+    stop_fork_server()  # a lab still running (after -x or Ctrl-C) gets SIGTERM, then SIGKILL
+
+
+@pytest.fixture(scope="session")
+def background(request: pytest.FixtureRequest) -> Background:
+    if HAS_CUDA:
+        pytest.skip("the suite's lab runs run the CPU profile; on a GPU the same commands train Qwen3-4B")
+    found = request.config.stash.get(BACKGROUND, None)
+    if found is None:  # a test run on its own, by node id, after a collection that needed none
+        found = Background(
+            request.config._tmp_path_factory.mktemp("background"), _commands(request.session.items)
+        )
+        request.config.stash[BACKGROUND] = found
+    return found
+
+
+def chapter_for(node: pytest.Item) -> Chapter:
+    marker = node.get_closest_marker("chapter")
+    found = (
+        next(c for c in chapters() if c.name == marker.args[0])
+        if marker is not None
+        else chapter_of(node.path)
+    )
+    if found is None:
+        raise LookupError(f"{node.nodeid}: not in a chapter's folder and no chapter marker")
+    return found
+
+
+@pytest.fixture
+def chapter_run(request: pytest.FixtureRequest, background: Background) -> ChapterRun:
+    """The README run of the test's chapter (its folder's, or its `chapter` marker's)."""
+    return background.result(f"chapter:{chapter_for(request.node).name}")
+
+
+@pytest.fixture(scope="session")
+def wave(background: Background) -> dict:
+    return background.result("wave")
+
+
+@pytest.fixture(scope="session")
+def stopped(wave: dict, stack: None) -> dict:
+    """The wave's two stopped runs and what a user does with them, in order: `python -m grpolab runs`
+    lists each store's; on SIGKILL's store `runs --reconcile` ends the dead run KILLED (beside a run of
+    a live process and one of another host, planted to be left alone); then each is resumed (SIGTERM's
+    with the README's `--resume last`, SIGKILL's by its folder) in this process, with one thread as
+    the wave's labs trained. tests/test_run_endings.py reads the endings, tests/test_run_resume.py the
+    resumes."""
+    import mlflow
+
+    from grpolab import tracking
+
+    from suite import load_lab_module, only_run, run_command, run_in_process
+
+    lab_module = load_lab_module(LAB_DIR)
+    out: dict[str, dict] = {}
+    for name in ("SIGTERM", "SIGKILL"):
+        lab = wave["labs"][name]
+        uri = f"sqlite:///{lab.output / 'mlflow.db'}"
+        client = mlflow.MlflowClient(uri)
+        before = only_run(client, lab)
+        listed = run_command(README_RUNS, MLFLOW_TRACKING_URI=uri)
+        planted, reconciled = {}, None
+        if name == "SIGKILL":
+            tags = before.data.tags
+            planted["other host"] = client.create_run(
+                before.info.experiment_id,
+                run_name="another host's",
+                tags={
+                    **{k: tags[k] for k in ("process.pid", "process.start_time")},
+                    "process.host": "another-host",
+                },
+            )
+            # A live process's run: this one's (not through lab_run, which would reconcile the store itself).
+            planted["alive"] = client.create_run(
+                before.info.experiment_id, run_name="alive", tags=tracking.process_tags()
+            )
+            reconciled = run_command(README_RECONCILE, MLFLOW_TRACKING_URI=uri)
+        after_stop = client.get_run(before.info.run_id)
+        (folder,) = lab.output.glob("grpo-first/*")
+        # What reconcile left of the planted runs; then ended, so that the resume sees a tidy store.
+        planted_status = {k: client.get_run(r.info.run_id).info.status for k, r in planted.items()}
+        for run in planted.values():
+            client.set_terminated(run.info.run_id)
+        target = ["--resume", str(folder)] if name == "SIGKILL" else script_and_args(README_RESUME)[1]
+        result = run_in_process(lab_module, target, uri=uri, threads=1)
+        out[name] = {
+            "lab": lab,
+            "code": wave["codes"][name],
+            "client": client,
+            "uri": uri,
+            "before": before,
+            "listed": listed,
+            "reconciled": reconciled,
+            "planted": planted,
+            "planted_status": planted_status,
+            "after_stop": after_stop,
+            "folder": folder,
+            "result": result,
+            "after": client.get_run(before.info.run_id),
+        }
+    return out
+
+
+# --- honest markers ---------------------------------------------------------------------------------
+# A test that starts a process (here, on pytest's own thread: a subprocess, a fork, a lab, a notebook's
+# kernel, a browser) or reads a run the suite started in the background is `slow`; a test that needs a
+# GPU is `gpu`. Checked on every test, after it ran: a marker that lies fails the test that carries it.
+_PROCESS_EVENTS = {
+    "subprocess.Popen",
+    "os.fork",
+    "os.forkpty",
+    "os.posix_spawn",
+    "os.exec",
+    "suite.lab_process",
+}
+# What libraries ask the system once per process, whichever test comes first: not the test's doing
+# (MLflow tags a run with `git`, `platform` asks `uname`, ctypes asks `ldconfig`).
+_LIBRARY_PROBES = {"git", "uname", "ldconfig", "lsb_release", "nvidia-smi"}
+_started_on_main_thread = [0]
+
+
+def _count_processes(event: str, args: tuple) -> None:
+    if event not in _PROCESS_EVENTS or threading.current_thread() is not threading.main_thread():
+        return
+    if event == "subprocess.Popen" and Path(str(args[0] or args[1][0])).name in _LIBRARY_PROBES:
+        return
+    if not _importing():  # an import's own check (Unsloth's) is the import's doing, not the test's
+        _started_on_main_thread[0] += 1
+
+
+def _importing() -> bool:
+    return any(
+        getattr(getattr(m, "__spec__", None), "_initializing", False) for m in list(sys.modules.values())
+    )
+
+
+sys.addaudithook(_count_processes)
+MARKS = pytest.StashKey[int]()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[MARKS] = _started_on_main_thread[0]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "teardown" or not report.passed:
+        return
+    problems = []
+    started = _started_on_main_thread[0] - item.stash.get(MARKS, _started_on_main_thread[0])
+    if item.get_closest_marker("slow") is None:
+        if started:
+            problems.append(f"it started {started} process(es): mark it slow")
+        elif _background_of(item):
+            problems.append(f"it reads {', '.join(_background_of(item))}: mark it slow")
+    if item.get_closest_marker("gpu") is None and any(
+        "CUDA GPU" in str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif")
+    ):
+        problems.append("it is skipped without a GPU: mark it gpu (suite.gpu_only)")
+    if problems:
+        report.outcome = "failed"
+        report.longrepr = f"{item.nodeid}: its markers do not say what it does: {'; '.join(problems)}"
+
+
+# --- this process -----------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def stack() -> None:
+    """The stack a lab imports (Unsloth first, then TRL, ...), imported in this process once, for the
+    labs that run here (`suite.run_in_process`)."""
+    import warnings
+
+    from grpolab import forkserver
+
+    with warnings.catch_warnings():
+        # The suite's collection imported transformers, TRL and PEFT before Unsloth: Unsloth says so.
+        warnings.filterwarnings("ignore", message=".*Unsloth should be imported before")
+        forkserver.preload()
+
+
+@pytest.fixture(scope="session")
+def lab_module():
+    from suite import load_lab_module
+
+    return load_lab_module(LAB_DIR)
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A fresh SQLite MLflow store of the test's own, active through MLFLOW_TRACKING_URI; runs left
+    open are ended. (A test module with a `store` fixture of its own uses that one.)"""
+    import mlflow
+
+    from grpolab import tracking
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    tracking.use_store()
+    yield tmp_path
+    while mlflow.active_run():
+        mlflow.end_run()

@@ -1,0 +1,183 @@
+"""The fork server (grpolab.forkserver): a child is a process as `python script ARGS` would start it.
+
+Each test forks small scripts from the suite's server (the one every lab process of the suite comes
+from): exit codes and signals as a shell reports them, the environment, folder and pipes asked for,
+fresh random streams, the interpreter's own end, a second caller, and what happens to children when
+their caller goes away.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from grpolab import forkserver
+
+from suite import HAS_CUDA, fork_server
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(HAS_CUDA, reason="no fork server on a GPU machine: lab processes start fresh there"),
+]
+
+SCRIPT = """
+import atexit, json, os, random, sys, time
+import numpy, torch
+atexit.register(lambda: print("atexit ran", flush=True))
+print(json.dumps({
+    "argv": sys.argv[1:], "cwd": os.getcwd(), "name": __name__, "path0": sys.path[0],
+    "x": os.environ.get("X"), "gone": os.environ.get("GONE"), "kept": os.environ.get("KEPT"),
+    "alloc": os.environ.get("PYTORCH_ALLOC_CONF"), "stdin": sys.stdin.read(),
+    "random": [random.random(), float(numpy.random.rand()), float(torch.rand(1))],
+    "threads": torch.get_num_threads(), "unsloth": "unsloth" in sys.modules,
+}), flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+action = sys.argv[1] if len(sys.argv) > 1 else ""
+if action == "sleep":
+    print("sleeping", flush=True)
+    time.sleep(60)
+if action == "raise":
+    raise ValueError("a crash")
+if action == "text":
+    sys.exit("a message")
+sys.exit(int(action) if action.isdigit() else 0)
+"""
+
+
+@pytest.fixture(scope="module")
+def script(tmp_path_factory):
+    path = tmp_path_factory.mktemp("scripts") / "child.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server():
+    return fork_server()
+
+
+def run(server, script, *argv, **kwargs):
+    child = server.run(script, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+    out, err = child.communicate(timeout=120)
+    return child.returncode, out, err
+
+
+def facts(out: str) -> dict:
+    import json
+
+    return json.loads(out.splitlines()[0])
+
+
+def test_a_child_runs_the_script_as_python_would(server, script, tmp_path, monkeypatch):
+    # The caller's environment with the changes asked for, and what importing the stack sets.
+    monkeypatch.setenv("KEPT", "from the caller")
+    monkeypatch.setenv("GONE", "removed for the child")
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    code, out, err = run(server, script, "0", "b", env={"X": "1", "GONE": None}, cwd=tmp_path)
+    assert code == 0, err
+    seen = facts(out)
+    assert seen["argv"] == ["0", "b"] and seen["name"] == "__main__" and seen["path0"] == str(script.parent)
+    assert seen["cwd"] == str(tmp_path) and seen["x"] == "1" and seen["gone"] is None
+    assert seen["kept"] == "from the caller" and seen["alloc"] == "expandable_segments:True"
+    assert seen["stdin"] == ""  # /dev/null
+    assert seen["unsloth"], "the stack was imported before the fork: the child pays nothing for it"
+    assert err == "to stderr\n" and out.rstrip().endswith("atexit ran")  # the interpreter's own end
+
+
+def test_exit_codes_are_a_shells(server, script):
+    assert run(server, script, "3")[0] == 3
+    code, _, err = run(server, script, "raise")
+    assert code == 1 and "ValueError: a crash" in err
+    code, _, err = run(server, script, "text")
+    assert code == 1 and "a message" in err
+
+
+@pytest.mark.parametrize(
+    ("signum", "expected"),
+    [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGHUP, -signal.SIGHUP), (signal.SIGINT, -signal.SIGINT)],
+)
+def test_signals_act_as_on_a_fresh_interpreter(server, script, signum, expected):
+    """SIGTERM and SIGHUP end it; Ctrl-C raises KeyboardInterrupt, which ends Python by SIGINT."""
+    child = server.run(script, ["sleep"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for line in child.stdout:
+        if line.startswith("sleeping"):
+            break
+    child.send_signal(signum)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == expected, err
+    if signum == signal.SIGINT:
+        assert "KeyboardInterrupt" in err
+
+
+def test_each_child_draws_its_own_random_numbers_and_threads_follow_omp(server, script):
+    first, second = (facts(run(server, script, env={"OMP_NUM_THREADS": "1"})[1]) for _ in range(2))
+    assert all(a != b for a, b in zip(first["random"], second["random"], strict=True)), (first, second)
+    assert first["threads"] == 1
+
+
+def test_stderr_can_join_stdout_and_a_file_can_take_either(server, script, tmp_path):
+    child = server.run(script, [], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out, _ = child.communicate(timeout=60)
+    assert "to stderr" in out and child.returncode == 0
+    with open(tmp_path / "out.txt", "w") as handle:
+        child = server.run(script, [], stdout=handle, stderr=handle)
+        child.wait(timeout=60)
+    assert "to stderr" in (tmp_path / "out.txt").read_text()
+
+
+def test_a_child_with_no_pipes_writes_where_its_caller_does(server, script, capfd):
+    child = server.run(script, ["0"])
+    assert child.wait(timeout=60) == 0
+    out, err = capfd.readouterr()
+    assert '"argv": ["0"]' in out and "to stderr" in err
+
+
+def test_a_second_caller_forks_from_the_same_server_and_its_children_end_with_it(server, script):
+    other = forkserver.ForkServer.connect(server.path)
+    assert other is not None
+    child = other.run(script, ["sleep"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert child.stdout.readline() and child.poll() is None
+    started = time.monotonic()
+    other.close()  # its caller is gone: its children get SIGTERM
+    assert child.wait(timeout=forkserver.GRACE_S + 30) == -signal.SIGTERM
+    assert time.monotonic() - started < forkserver.GRACE_S
+    assert run(server, script, "0")[0] == 0  # the owner's server goes on
+
+
+def test_a_server_of_its_own_ends_its_children_when_closed(script):
+    """What a sweep started by a user does (no server given): it starts one, which imports the stack
+    once; closing it ends the server and the children still running."""
+    own = forkserver.ForkServer.start()
+    child = own.run(script, ["sleep"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert child.stdout.readline()
+    own.close()
+    assert child.wait(timeout=5) == -signal.SIGTERM
+    assert not os.path.exists(own.path)
+
+
+def test_no_server_where_torch_sees_a_gpu(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not forkserver.available()
+    with pytest.raises(forkserver.ForkServerUnavailable):
+        forkserver.ForkServer.start()
+
+
+def test_without_a_server_a_sweep_forks_nothing():
+    """No GPU, no server given, one cell: no server of its own either (it would cost what it saves)."""
+    from grpolab.sweep.loop import cell_processes
+
+    saved = os.environ.pop(forkserver.ENV, None)
+    try:
+        with cell_processes(1) as server:
+            assert server is None
+    finally:
+        if saved is not None:
+            os.environ[forkserver.ENV] = saved
+    assert sys.executable
