@@ -116,16 +116,23 @@ class ForkServer:
         self._reader.start()
 
     @classmethod
-    def start(cls, timeout: float = START_TIMEOUT_S) -> ForkServer:
+    def start(cls, timeout: float = START_TIMEOUT_S, stack: bool = True) -> ForkServer:
         """Spawn a server (`python -m grpolab.forkserver PATH`, which imports the stack) and connect
-        to it as its owner."""
+        to it as its owner. `stack=False` imports nothing first: a server to test the serving with."""
         if not available():
             raise ForkServerUnavailable("torch sees a GPU: lab processes start fresh there")
         folder = tempfile.mkdtemp(prefix="grpolab-forkserver-")
         path = os.path.join(folder, "socket")
         ready_read, ready_write = os.pipe()
         popen = subprocess.Popen(
-            [sys.executable, "-m", "grpolab.forkserver", path, str(ready_write)],
+            [
+                sys.executable,
+                "-m",
+                "grpolab.forkserver",
+                path,
+                str(ready_write),
+                *([] if stack else ["--bare"]),
+            ],
             pass_fds=[ready_write],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,  # what the imports print; a child writes where its caller says
@@ -320,14 +327,15 @@ class Child:
 
 
 # --- the server's side --------------------------------------------------------------------------
-def serve(path: str, ready: int | None = None) -> int:
+def serve(path: str, ready: int | None = None, stack: bool = True) -> int:
     """The server: import the stack, listen at `path`, say "ready" on the descriptor `ready`, then
     fork a child per request and report its pid and, when it ends, its exit code to the connection
     that asked. Ends when its owner (the first connection) closes, after stopping every child."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the caller and its children to act on
     before = dict(os.environ)
     try:
-        preload()
+        if stack:
+            preload()
         imported = {k: v for k, v in os.environ.items() if before.get(k) != v}  # what the imports set
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         listener.bind(path)
@@ -532,4 +540,4 @@ def _flush() -> None:
 
 
 if __name__ == "__main__":  # `python -m grpolab.forkserver PATH READY_FD`: what ForkServer.start runs
-    sys.exit(serve(sys.argv[1], int(sys.argv[2])))
+    sys.exit(serve(sys.argv[1], int(sys.argv[2]), stack="--bare" not in sys.argv[3:]))

@@ -12,6 +12,7 @@ edit outside what docs/chapters.md says a chapter touches.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import shutil
@@ -217,31 +218,37 @@ def test_a_sketched_chapter_is_picked_up_by_the_suite_with_no_edit_outside_its_o
         "the doc lists what was not touched"
     )
 
-    def pytest_in_copy(*args: str) -> subprocess.CompletedProcess:
-        env = {k: v for k, v in os.environ.items() if k != "GRPOLAB_FORKSERVER"}
-        return subprocess.run(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
-            cwd=repo,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-
-    collected = pytest_in_copy("--collect-only", "-q")
-    assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr[-3000:]
-    assert (
-        "labs/grpo-sketch/test_chapter.py::test_run_finished_and_is_tagged_with_its_profile"
-        in collected.stdout
+    # One pytest in the copy: its whole collection and the runs it would start, written before `-k`
+    # keeps only the shared checks that read a chapter (conftest.py: GRPOLAB_SUITE_PLAN), which then run.
+    plan = tmp_path / "plan.json"
+    env = {k: v for k, v in os.environ.items() if k != "GRPOLAB_FORKSERVER"} | {
+        "GRPOLAB_SUITE_PLAN": str(plan)
+    }
+    checks = [
+        "test_every_readme_command_is_exercised",
+        "test_every_chapter_has_its_files",
+        "test_there_is_a_notebook_for_every_lab",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "-k", " or ".join(checks)],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
-    assert "test_notebook_executes_from_a_clean_kernel[05-grpo-sketch.ipynb]" in collected.stdout
-    (planned,) = [line for line in collected.stdout.splitlines() if line.startswith("background runs:")]
-    assert "chapter:grpo-sketch" in planned, planned
-    checks = pytest_in_copy(
-        "-q",
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for passed in (
+        "tests/test_chapters.py::test_every_chapter_has_its_files[grpo-sketch]",
         "tests/test_readme.py::test_every_readme_command_is_exercised",
-        "tests/test_chapters.py::test_every_chapter_has_its_files",
         "tests/test_notebooks.py::test_there_is_a_notebook_for_every_lab",
+    ):
+        assert f"PASSED {passed}" in done.stdout, done.stdout[-3000:]
+    collected = json.loads(plan.read_text())
+    tests = collected["tests"]
+    assert "labs/grpo-sketch/test_chapter.py::test_run_finished_and_is_tagged_with_its_profile" in tests
+    assert (
+        "tests/test_notebooks.py::test_notebook_executes_from_a_clean_kernel[05-grpo-sketch.ipynb]" in tests
     )
-    assert checks.returncode == 0, checks.stdout[-3000:]
-    assert "[grpo-sketch]" in pytest_in_copy("--collect-only", "-q", "tests/test_chapters.py").stdout
+    assert "tests/test_chapters.py::test_every_chapter_has_its_files[grpo-sketch]" in tests
+    assert "chapter:grpo-sketch" in collected["runs"], collected["runs"]

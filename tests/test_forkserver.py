@@ -150,9 +150,9 @@ def test_a_second_caller_forks_from_the_same_server_and_its_children_end_with_it
 
 
 def test_a_server_of_its_own_ends_its_children_when_closed(script):
-    """What a sweep started by a user does (no server given): it starts one, which imports the stack
-    once; closing it ends the server and the children still running."""
-    own = forkserver.ForkServer.start()
+    """What a sweep started by a user does (no server given): it starts one (here one that imports
+    nothing first: the serving is the same); closing it ends the server and the children still running."""
+    own = forkserver.ForkServer.start(stack=False)
     child = own.run(script, ["sleep"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert child.stdout.readline()
     own.close()
