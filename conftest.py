@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 
 from suite import (
+    CULPRIT_STEPS,
     HAS_CUDA,
     LAB_DIR,
     README_COUNTDOWN,
@@ -201,9 +202,39 @@ def run_wave(background: Background, _: str) -> dict:
     return {"labs": labs, "codes": codes, "uri": uri, "disk": disk, "tmp": tmp}
 
 
-JOBS: dict[str, Callable[[Background, str], Any]] = {"chapter": run_chapter, "wave": run_wave}
+# --- the book's culprits: chapter 1's lab made to have each reason a correctness curve never moves -----
+CULPRITS = {
+    # completions of 2 tokens: the answer's tag (3 tokens with an answer) never fits
+    "cut": ["--max-completion-length", "2"],
+    # sampling so cold that a group's completions are one completion
+    "cold": ["--temperature", "0.05"],
+}
+
+
+def run_culprits(background: Background, _: str) -> dict:
+    """One short lab per culprit, on a store of its own, together: what the doctor said of each."""
+    tmp = background.folder("culprits")
+    labs = {
+        name: Lab(
+            name,
+            LAB_DIR / "train.py",
+            ["--output-dir", str(tmp / name), *CULPRIT_STEPS, *args],
+            f"sqlite:///{tmp / name / 'mlflow.db'}",
+            tmp,
+        )
+        for name, args in CULPRITS.items()
+        if (tmp / name).mkdir(parents=True, exist_ok=True) is None
+    }
+    return {name: {"lab": lab, "code": lab.wait(timeout=WAVE_TIMEOUT_S)} for name, lab in labs.items()}
+
+
+JOBS: dict[str, Callable[[Background, str], Any]] = {
+    "chapter": run_chapter,
+    "wave": run_wave,
+    "culprits": run_culprits,
+}
 # Fixtures that read a background run, and the run each reads.
-BACKGROUND_FIXTURES = {"wave": "wave", "stopped": "wave"}
+BACKGROUND_FIXTURES = {"wave": "wave", "stopped": "wave", "culprits": "culprits"}
 
 
 def _background_of(item: pytest.Item) -> list[str]:
@@ -277,7 +308,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 def _expected_order(key: str) -> tuple[int, str]:
     """Tests that read the quicker runs go first: the wave, then the chapters in the README's order."""
-    if key == "wave":
+    if key in ("wave", "culprits"):
         return (0, key)
     names = [c.name for c in chapters()]
     name = key.partition(":")[2]
@@ -335,6 +366,11 @@ def chapter_run(request: pytest.FixtureRequest, background: Background) -> Chapt
 @pytest.fixture(scope="session")
 def wave(background: Background) -> dict:
     return background.result("wave")
+
+
+@pytest.fixture(scope="session")
+def culprits(background: Background) -> dict:
+    return background.result("culprits")
 
 
 @pytest.fixture(scope="session")

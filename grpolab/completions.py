@@ -125,6 +125,26 @@ def group_trace(step: int, g: int, rows: list[dict[str, Any]]) -> None:
     )
 
 
+def group_stats(logs: dict[str, Any], group_size: int) -> dict[str, float]:
+    """What the run doctor reads of a step's completions (all of them, every group): how many of a
+    group's completions differ (`completions/distinct_share`: 1 when all differ, 1/G when all are the
+    same: sampling with no spread), and how many hold what a reader takes for an answer in its tag
+    (`completions/tag_like_ratio`, task.rewards.tag_like: beside a reward that pays nothing on any of
+    them, a parse that fails)."""
+    from task.rewards import tag_like
+
+    completions = [text(c) for c in logs.get("completion", [])]
+    if not completions or group_size <= 0:
+        return {}
+    groups = [
+        completions[i : i + group_size] for i in range(0, len(completions) - group_size + 1, group_size)
+    ]
+    return {
+        "completions/distinct_share": sum(len(set(g)) / len(g) for g in groups) / max(len(groups), 1),
+        "completions/tag_like_ratio": sum(map(tag_like, completions)) / len(completions),
+    }
+
+
 class CompletionLog(TrainerCallback):
     """Each logged step's groups as traces of the run (whole groups, `GROUPS_PER_STEP` of them)."""
 

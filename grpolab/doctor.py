@@ -9,8 +9,21 @@ accepts. The signs it reads, all logged by TRL every step:
     entropy                      how spread the policy's sampling still is
     rewards/<fn>/mean            each reward; a shaping reward up while an answer reward falls is
                                  reward hacking
+    sampling/sampling_logp_difference/mean
+                                 vLLM's log-probs of its own samples against the trainer's (GPU, with
+                                 vllm_importance_sampling_correction): a gap that grows as the adapter
+                                 trains says the rollouts are not the adapter's
 
-and the held-out accuracy before and after training (grpolab.evaluate). Which rewards there are, the
+two the harness adds from the completions themselves (grpolab.completions.group_stats):
+
+    completions/distinct_share   how many of a group's completions differ (1/G: all the same)
+    completions/tag_like_ratio   how many hold something that looks like the answer tag
+
+and the held-out accuracy before and after training (grpolab.evaluate). The book names four reasons a
+correctness curve never moves, and each has a rule: completions cut before the tag
+(`cut_before_the_tag`), a group with no diversity (`no_diversity`: the temperature), a reward whose
+parse fails on every completion (`reward_never_pays`), and rollouts that do not come from the policy
+being trained (`rollouts_not_from_policy`: the adapter not in vLLM; Unsloth PR 8701). Which rewards there are, the
 most each pays and its role (answer or shaping) come from the run's task (`values["task"]`), as
 declared in task.rewards, so every rule reads a reward as soon as a task declares it.
 
@@ -30,7 +43,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from budgets.advice import lower, raise_, render
+from budgets.advice import lower, raise_, render, set_to
 from task import get_task
 from task.rewards import RewardFunc, RewardInfo, RewardRole, reward_info
 
@@ -46,6 +59,21 @@ RARE_CORRECT = 0.01  # answer rewards paid this share of their maximum on averag
 # A proxy answer reward paying at least this share of its maximum more than the task's exact answer
 # reward, beyond the gap they started with: a fifth of the completions paid for a wrong answer.
 PROXY_GAP = 0.2
+CUT_FORMAT_SHARE = (
+    0.5  # cut completions with the format paid to fewer than half of all completions: cut before the tag
+)
+NO_DIVERSITY = (
+    1.5  # distinct completions in a group, on average over the first quarter: one, now and then two
+)
+TAG_LIKE = (
+    0.05  # one completion in twenty holds an answer in its tag while a reward pays none: its parse fails
+)
+# vLLM's log-probs against the trainer's, per token: kernels and precision keep the two within a few
+# hundredths of a nat when they are the same model; a rollout engine serving the base while the adapter
+# trains drifts with the adapter, as far as the KL to the base.
+LOGP_GAP = 0.1  # nats per token in the last quarter ...
+LOGP_GROWTH = 3.0  # ... and that many times the first quarter's
+LOGP_METRIC = "sampling/sampling_logp_difference/mean"
 REWARD_METRIC = re.compile(r"rewards/(.+)/mean")
 
 
@@ -142,7 +170,8 @@ def diagnose(
 
     flat = no_signal(rows)
     reward = series(rows, "reward")
-    if flat and statistics.fmean(flat) >= NO_SIGNAL_SHARE:
+    findings += _no_diversity(rows, values, advise)
+    if flat and statistics.fmean(flat) >= NO_SIGNAL_SHARE and not findings:
         idle = sum(1 for f in flat if f >= 0.999)
         level = statistics.fmean(reward) if reward else 0.0
         paid = {r: statistics.fmean(s) for r in answers if (s := series(rows, r.metric))}
@@ -171,7 +200,18 @@ def diagnose(
         )
 
     clipped = series(rows, "completions/clipped_ratio")
-    if clipped and statistics.fmean(clipped) >= CLIPPED_SHARE:
+    formats = [(r, statistics.fmean(s)) for r in shaping if (s := series(rows, r.metric))]
+    cut_before = [(r, m) for r, m in formats if m < CUT_FORMAT_SHARE * r.max_reward]
+    if clipped and statistics.fmean(clipped) >= CLIPPED_SHARE and cut_before:
+        findings.append(
+            Finding(
+                "cut_before_the_tag",
+                f"{statistics.fmean(clipped):.0%} of completions were cut at max_completion_length "
+                f"{values.get('max_completion_length')} while {', '.join(f'{r.metric} paid {m:.3f} of its {r.max_reward:g}' for r, m in cut_before)}: "
+                f"they end before the answer's tag, so no answer is ever scored: {advise(raise_('max_completion_length'))}",
+            )
+        )
+    elif clipped and statistics.fmean(clipped) >= CLIPPED_SHARE:
         findings.append(
             Finding(
                 "completions_cut",
@@ -226,8 +266,13 @@ def diagnose(
         )
 
     findings += _proxy_hacking(rows, values, rewards, before, after)
+    findings += _reward_never_pays(rows, logged)
+    findings += _rollouts_not_from_policy(rows, values, advise)
 
-    if reward and not any(f.name == "no_learning_signal" for f in findings):
+    # A flat reward that another finding explains (no signal, or one of the book's culprits) is not
+    # cured by a higher learning rate or more steps: it is not named twice.
+    explained = {"no_learning_signal", "cut_before_the_tag", "no_diversity", "reward_never_pays"}
+    if reward and not explained & {f.name for f in findings}:
         first, _, _, last = quarters(reward)
         improved = after is not None and before is not None and after.accuracy > before.accuracy
         if abs(last - first) < FLAT_SHARE * most and not improved:
@@ -256,6 +301,72 @@ def diagnose(
 
 
 MIN_STEPS = 4  # fewer logged steps than this tell nothing about a trend
+
+
+def _no_diversity(rows: Sequence[dict[str, float]], values: Mapping[str, Any], advise) -> list[Finding]:
+    """Groups whose completions are (nearly) all the same from the start: sampling with no spread, so
+    no completion beats its group and nothing is learned. Not a policy that converged (that comes late,
+    after learning): the first quarter is read."""
+    distinct, group = series(rows, "completions/distinct_share"), values.get("num_generations")
+    # A confident model samples the same answer often (the CPU stand-in writes 2 or 3 distinct ones of
+    # 16): that still teaches. A group that is one completion, repeated, cannot.
+    if not distinct or not isinstance(group, int) or quarters(distinct)[0] * group > NO_DIVERSITY:
+        return []
+    return [
+        Finding(
+            "no_diversity",
+            f"in the first quarter a group of {group} held about {quarters(distinct)[0] * group:.1f} distinct "
+            f"completions: one completion, repeated, so none could beat its group: the sampling temperature "
+            f"{values.get('temperature')} leaves the group no spread to learn from: {advise(raise_('temperature'))}",
+        )
+    ]
+
+
+def _reward_never_pays(rows: Sequence[dict[str, float]], rewards: Sequence[RewardInfo]) -> list[Finding]:
+    """A reward that paid nothing on any step while the completions held something that looks like the
+    answer tag: its parse rejects what the model writes (a reward silently returning zeros)."""
+    tagged = series(rows, "completions/tag_like_ratio")
+    if not tagged or statistics.fmean(tagged) < TAG_LIKE:
+        return []
+    silent = [r for r in rewards if (s := series(rows, r.metric)) and max(s) == 0.0]
+    if not silent:
+        return []
+    names = ", ".join(r.name for r in silent)
+    return [
+        Finding(
+            "reward_never_pays",
+            f"{names} paid nothing in {len(rows)} steps while {statistics.fmean(tagged):.0%} of completions held "
+            f"something that looks like the answer tag: the reward's parse rejects what the model writes: "
+            f"score a few of the run's completions by hand (its Traces tab) against the task's parse_answer, "
+            f"and fix the parse or what the prompt asks for",
+        )
+    ]
+
+
+def _rollouts_not_from_policy(
+    rows: Sequence[dict[str, float]], values: Mapping[str, Any], advise
+) -> list[Finding]:
+    """vLLM's log-probs of its own samples drift away from the trainer's as the adapter trains: the
+    rollouts come from another policy than the one being trained, the base when the adapter never
+    reaches vLLM (Unsloth PR 8701: losses look finite, nothing is learned). Read where it is logged:
+    a GPU run with `vllm_importance_sampling_correction` on."""
+    gap = series(rows, LOGP_METRIC)
+    if not gap:
+        return []
+    first, _, _, last = quarters(gap)
+    if last < LOGP_GAP or last < LOGP_GROWTH * max(first, 1e-9):
+        return []
+    kl = series(rows, "kl")
+    beside = f", beside a KL to the base of {quarters(kl)[3]:.3f}" if kl else ""
+    return [
+        Finding(
+            "rollouts_not_from_policy",
+            f"vLLM's log-probs of the completions it sampled drifted from the trainer's, {first:.3f} -> "
+            f"{last:.3f} nats per token (first and last quarter, {LOGP_METRIC}){beside}: the rollouts do "
+            "not come from the adapter being trained (the LoRA weights never reached vLLM): update unsloth "
+            f"and unsloth_zoo, or {advise(set_to('fast_inference', False))} to generate with the trainer's own model",
+        )
+    ]
 
 
 def _proxy_hacking(
@@ -327,13 +438,35 @@ def onset(gap: Sequence[float], steps: Sequence[float]) -> float:
     return steps[-1]
 
 
-def verdict(findings: list[Finding], before=None, after=None, steps: int | None = None) -> str:
-    """One paragraph for the summary and the run's description."""
+def trends(
+    history: Sequence[dict[str, float]],
+    values: Mapping[str, Any],
+    reward_funcs: Sequence[RewardFunc] | None = None,
+    reward_weights: Sequence[float] | None = None,
+) -> str:
+    """Each reward the policy was paid, first quarter -> last quarter of its steps: the curves a reader
+    checks first ("correctness_reward 0.067 -> 0.446, format_reward 0.027 -> 0.184")."""
+    logged = run_rewards(values, reward_funcs)
+    weights = [1.0] * len(logged) if reward_weights is None else list(reward_weights)
+    rows = step_rows(history)
+    moved = [
+        f"{r.name} {t[0]:.3f} -> {t[1]:.3f}"
+        for r, w in zip(logged, weights, strict=True)
+        if w != 0 and (t := _trend(rows, r)) is not None
+    ]
+    return f"{', '.join(moved)} (first -> last quarter of {len(rows)} steps)" if moved else ""
+
+
+def verdict(
+    findings: list[Finding], before=None, after=None, steps: int | None = None, curves: str = ""
+) -> str:
+    """One paragraph for the summary and the run's description: the findings, or that there were none,
+    with the paid rewards' curves (`trends`) and the held-out accuracy before and after."""
     if steps is not None and steps < MIN_STEPS:
         return f"Run doctor: {steps} logged step(s) are too few to read a trend from (it needs {MIN_STEPS})."
-    held_out = ""
+    held_out = f" Rewards: {curves}." if curves else ""
     if before is not None and after is not None:
-        held_out = (
+        held_out += (
             f" Held-out accuracy {before.accuracy:.1%} -> {after.accuracy:.1%}, format "
             f"{before.format_rate:.1%} -> {after.format_rate:.1%} (base -> adapter)."
         )

@@ -95,6 +95,11 @@ class Meter(TrainerCallback):
         from grpolab import tracking
 
         metrics = numeric(logs or {})
+        if metrics and any(k.startswith("rewards/") for k in metrics) and self.trainer is not None:
+            # The step's completions themselves, for the run doctor (grpolab.completions.group_stats).
+            from grpolab.completions import group_stats
+
+            metrics |= group_stats(getattr(self.trainer, "_logs", {}), self.trainer.num_generations)
         if metrics:
             self.history.append({"step": state.global_step, **metrics})
             if state.global_step > self.logged_through[1]:

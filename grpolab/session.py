@@ -358,8 +358,9 @@ def _doctor(run: Run) -> str:
     run.findings = doctor.diagnose(
         run.meter.history, values, set(FLAGS), before, after, reward_funcs=funcs, reward_weights=weights
     )
-    findings = run.findings
-    return doctor.verdict(findings, before, after, steps=len(doctor.step_rows(run.meter.history)))
+    curves = doctor.trends(run.meter.history, values, funcs, weights)
+    steps = len(doctor.step_rows(run.meter.history))
+    return doctor.verdict(run.findings, before, after, steps=steps, curves=curves)
 
 
 def _log_measurement(run: Run, status: str, doctor: str = "", ending: str = "finished") -> None:

@@ -51,6 +51,19 @@ BOOK_TASKS = ("addition", "countdown", "sorting")
 # steps beyond the book's: 150 steps 6% right (no better than a guess), 200 31%, 250 50%, 300 70%, 400
 # 72%; 250 leaves GRPO room to show an honest reward raising it.
 OWN_TASK = {"rows": 1200, "steps": 250, "known": 0.5, "echo": 0.2}
+# Chapter 1's CPU profile (`small-addition`, sums of numbers in 0..19) gets its own recipe: every
+# answer right, rows drawn from the training split only (the held-out problems are never shown), a
+# fifth of them in the tag, 600 steps (about 40 s on 2 cores). Loaded as the lab loads it (4-bit), it
+# then works out the sums of held-out problems it never saw, 37 of 64 greedy, and never tags them
+# greedy (3 to 9 of 64 tagged when sampled at temperature 1; measured 2026-12-02): it knows its sums
+# and rarely reaches for the tag, as Qwen3-4B does before GRPO teaches it the tag.
+OWN_TASKS = {"small-addition": {"rows": 1200, "steps": 600, "known": 1.0, "echo": 0.0, "tagged": 0.2}}
+
+
+def own_recipe(task: str) -> dict:
+    """How the stand-in of a task outside the book's is warm-started (lastdigit's unless named)."""
+    return OWN_TASKS.get(task, OWN_TASK)
+
 
 # Special tokens first so their ids are fixed: pad 0, bos 1, eos/im_end 2.
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<ans>", "</ans>"]
@@ -134,19 +147,20 @@ def own_task_texts(tokenizer, task: str, seed: int = BUILD_SEED) -> list[tuple[s
     from task import get_task
 
     rng = random.Random(seed)
-    t = get_task(task)
-    rows = t.build_dataset(OWN_TASK["rows"], seed + 1)
+    t, recipe = get_task(task), own_recipe(task)
+    rows = t.build_dataset(recipe["rows"], seed + 1)
     answers = [t.reference_answer(row) for row in rows]
+    tagged = recipe.get("tagged", WARM_START["tagged"])
     pairs = []
     for row in rows:
         u = rng.random()
-        if u < OWN_TASK["known"]:
+        if u < recipe["known"]:
             answer = t.reference_answer(row)
-        elif u < OWN_TASK["known"] + OWN_TASK["echo"] and "number" in row:
+        elif u < recipe["known"] + recipe["echo"] and "number" in row:
             answer = str(row["number"])
         else:
             answer = rng.choice(answers)
-        pairs.append((_prompt(tokenizer, row), _completion(answer, rng)))
+        pairs.append((_prompt(tokenizer, row), _completion(answer, rng, tagged)))
     return pairs
 
 
@@ -154,8 +168,8 @@ def _prompt(tokenizer, row) -> str:
     return tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
 
 
-def _completion(answer: str, rng: random.Random) -> str:
-    body = f"<ans>{answer}</ans>" if rng.random() < WARM_START["tagged"] else answer
+def _completion(answer: str, rng: random.Random, tagged: float = WARM_START["tagged"]) -> str:
+    body = f"<ans>{answer}</ans>" if rng.random() < tagged else answer
     return body + "<|im_end|>"
 
 
@@ -213,7 +227,7 @@ def recipe_hash(task: str | None = None) -> str:
     own = {
         "from": recipe_hash(),
         "task": [task, get_task(task).system_prompt, get_task(task).worst_case_prompt()],
-        "own_task": OWN_TASK,
+        "own_task": own_recipe(task),
         "warm_start": WARM_START,
         "seed": BUILD_SEED,
     }
@@ -242,7 +256,7 @@ def ensure_tiny_model(path: Path | None = None, task: str | None = None) -> Path
             return path
         if _own(task):  # the book's stand-in first (cached for chapters 1-3), then the task's rows
             tokenizer, model = build_tokenizer(), _load(ensure_tiny_model())
-            warm_start(model, tokenizer, own_task_texts(tokenizer, task), OWN_TASK["steps"])
+            warm_start(model, tokenizer, own_task_texts(tokenizer, task), own_recipe(task)["steps"])
         else:
             tokenizer, model = build_tokenizer(), build_model()
             if model.config.vocab_size < len(tokenizer):

@@ -40,7 +40,7 @@ from grpolab.device import detect
 
 profile = "gpu" if detect().on_gpu else "cpu"
 if profile == "cpu":
-    print("No CUDA GPU found: this notebook runs the lab's CPU profile, a tiny random Qwen3 on the CPU.")
+    print("No CUDA GPU found: this notebook runs the lab's CPU profile, a tiny Qwen3 stand-in on the CPU.")
     print("The loop, rewards, budget and tracking are the real ones; the numbers are not Qwen3-4B's.")
 else:
     print("CUDA GPU found: this notebook runs the lab's real profile, Qwen3-4B in 4-bit with vLLM.")
@@ -173,9 +173,10 @@ plt.tight_layout()
 # %% [markdown]
 # ## 4. The task and its rewards
 #
-# Addition of two integers in 0..999, answered as one integer inside `<ans></ans>`. Two rewards with
-# TRL's signature: correctness (1.0 when the answer is the sum) and format (0.2 for exactly one
-# well-formed tag). Try them on completions you write; several below should score zero.
+# Addition of two integers in 0..999, answered as one integer inside `<ans></ans>` (on the CPU stand-in,
+# in 0..19: task `small-addition`, the sums it can hold). Two rewards with TRL's signature: correctness
+# (1.0 when the answer is the sum) and format (0.2 for exactly one well-formed tag). Try them on
+# completions you write; several below should score zero.
 
 # %%
 from task import get_task
@@ -296,6 +297,20 @@ memory.set_ylabel("GiB")
 memory.set_title("Peak memory")
 memory.legend()
 plt.tight_layout()
+
+# %% [markdown]
+# The book's first run says what to watch: `correctness_reward` climbs as the policy learns to emit
+# the right integer in its tag, and `format_reward` rises towards its 0.2 ceiling. Whether that is
+# learning or only the reward, the held-out prompts say (greedy, none of them a training prompt), and
+# the run doctor reads the whole run.
+
+# %%
+metrics = run.data.metrics
+print(
+    f"held-out accuracy {metrics['eval/base_accuracy']:.1%} -> {metrics['eval/adapter_accuracy']:.1%}, "
+    f"format {metrics['eval/base_format_rate']:.1%} -> {metrics['eval/adapter_format_rate']:.1%} (base -> adapter)"
+)
+print(next(p for p in run.data.tags["mlflow.note.content"].split("\n\n") if p.startswith("Run doctor:")))
 
 # %%
 from grpolab.memory_names import memory_key

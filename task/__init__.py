@@ -3,6 +3,7 @@
 | task | asks | answer inside ``<ans></ans>`` |
 |---|---|---|
 | ``addition`` | a + b, both in 0..999 | one integer: ``1998`` |
+| ``small-addition`` | a + b, both in 0..19 (chapter 1's CPU stand-in's) | one integer: ``38`` |
 | ``countdown`` | reach a target from 3-4 numbers, each once, with + - * / | an expression: ``(50 + 3) * 2`` |
 | ``sorting`` | sort 3-8 integers in 0..99 | the list, comma-separated: ``3, 7, 7, 15`` |
 | ``lastdigit`` | the last digit of a number in 100..99999 (chapter 4's) | one integer: ``7`` |
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from task import addition, countdown, lastdigit, sorting
@@ -136,6 +138,22 @@ ADDITION = Task(
     reference_answer=addition.reference_answer,
 )
 
+SMALL_ADDITION = Task(
+    name=addition.SMALL_NAME,
+    system_prompt=addition.SYSTEM_PROMPT,
+    build_dataset=partial(addition.build_dataset, high=addition.SMALL_HIGH),
+    reward_funcs=(correctness_reward, format_reward),
+    description=(
+        f"Add two integers in 0..{addition.SMALL_HIGH} (chapter 1's on the CPU stand-in); answer as one "
+        "integer inside <ans></ans>."
+    ),
+    build_eval_dataset=partial(addition.build_eval_dataset, high=addition.SMALL_HIGH),
+    worst_case_prompt=partial(addition.worst_case_prompt, high=addition.SMALL_HIGH),
+    reward_columns=addition.REWARD_COLUMNS,
+    parse_answer=parse_answer,
+    reference_answer=addition.reference_answer,
+)
+
 COUNTDOWN = Task(
     name=countdown.NAME,
     system_prompt=countdown.SYSTEM_PROMPT,
@@ -181,7 +199,7 @@ LASTDIGIT = Task(
     reference_answer=lastdigit.reference_answer,
 )
 
-TASKS: dict[str, Task] = {t.name: t for t in (ADDITION, COUNTDOWN, SORTING, LASTDIGIT)}
+TASKS: dict[str, Task] = {t.name: t for t in (ADDITION, SMALL_ADDITION, COUNTDOWN, SORTING, LASTDIGIT)}
 
 
 def get_task(name: str) -> Task:
@@ -198,6 +216,7 @@ __all__ = [
     "COUNTDOWN",
     "LASTDIGIT",
     "REWARDS",
+    "SMALL_ADDITION",
     "SORTING",
     "TASKS",
     "RewardInfo",

@@ -6,11 +6,18 @@ characters, 175 chat-templated)::
 
     system: Add the two numbers. Give the final answer as one integer inside <ans></ans>.
     user:   What is 999 + 999?
+
+The same task in a smaller range, `small-addition` (0..SMALL_HIGH), is chapter 1's on the CPU: the
+tiny stand-in can hold sums of numbers that small (it answers a held-out one right about two times in
+three), where sums of three-digit numbers stay out of its reach; Qwen3-4B knows those, so on a GPU
+chapter 1 trains the full range. One problem space per range, one split rule: a problem held out in
+one range is held out in the other.
 """
 
 from __future__ import annotations
 
 import random
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from task.dataset import build_rows, messages
@@ -20,6 +27,7 @@ if TYPE_CHECKING:
 
 NAME = "addition"
 LOW, HIGH = 0, 999
+SMALL_NAME, SMALL_HIGH = "small-addition", 19
 # Short on purpose: the tiny char-level CPU model sees it in every prompt too.
 SYSTEM_PROMPT = "Add the two numbers. Give the final answer as one integer inside <ans></ans>."
 # The columns the rewards read besides prompts and completions.
@@ -31,8 +39,8 @@ def question(a: int, b: int) -> str:
     return f"What is {a} + {b}?"
 
 
-def _draw(rng: random.Random) -> tuple[int, int]:
-    return rng.randint(LOW, HIGH), rng.randint(LOW, HIGH)
+def _draw(rng: random.Random, high: int = HIGH) -> tuple[int, int]:
+    return rng.randint(LOW, high), rng.randint(LOW, high)
 
 
 def _key(problem: tuple[int, int]) -> tuple[int, int]:
@@ -45,19 +53,19 @@ def _row(problem: tuple[int, int]) -> dict[str, Any]:
     return {"prompt": messages(SYSTEM_PROMPT, question(a, b)), "target": a + b, "a": a, "b": b}
 
 
-def build_dataset(n: int, seed: int) -> datasets.Dataset:
+def build_dataset(n: int, seed: int, high: int = HIGH) -> datasets.Dataset:
     """``n`` training prompts with columns prompt, target, a, b; same (n, seed), same rows."""
-    return build_rows(n, seed, "train", _draw, _key, _row)
+    return build_rows(n, seed, "train", partial(_draw, high=high), _key, _row)
 
 
-def build_eval_dataset(n: int, seed: int) -> datasets.Dataset:
+def build_eval_dataset(n: int, seed: int, high: int = HIGH) -> datasets.Dataset:
     """``n`` held-out prompts, none of them (in either order) among any seed's training prompts."""
-    return build_rows(n, seed, "eval", _draw, _key, _row)
+    return build_rows(n, seed, "eval", partial(_draw, high=high), _key, _row)
 
 
-def worst_case_prompt() -> list[dict[str, str]]:
+def worst_case_prompt(high: int = HIGH) -> list[dict[str, str]]:
     """The longest prompt the builder can make: both numbers with the most digits."""
-    return messages(SYSTEM_PROMPT, question(HIGH, HIGH))
+    return messages(SYSTEM_PROMPT, question(high, high))
 
 
 def reference_answer(row: dict[str, Any]) -> str:

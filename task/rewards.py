@@ -98,6 +98,17 @@ def answer_span(text: str) -> str | None:
     return text[start:end]
 
 
+# An answer tag as a reader would take it, exact or not: an opening then a closing tag, in any case, with
+# spaces (`<ans>17</ans>`, `<ANS> 17 </ANS>`). Where completions hold one and a reward still pays nothing
+# on any of them, it is the reward's parse that fails (the run doctor's `reward_never_pays`).
+_TAG_LIKE = re.compile(r"<\s*ans\s*>.*?<\s*/\s*ans\s*>", re.IGNORECASE | re.DOTALL)
+
+
+def tag_like(text: str) -> bool:
+    """Whether `text` holds something a reader would take for an answer in its tag, exact or not."""
+    return isinstance(text, str) and bool(_TAG_LIKE.search(text))
+
+
 def parse_int(raw: Any) -> int | None:
     """One integer with surrounding whitespace: optional '-', 1..MAX_DIGITS ASCII digits; else None."""
     if not isinstance(raw, str):

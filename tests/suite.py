@@ -342,6 +342,7 @@ def signal_after_steps(signum: int, steps: int = STEPS_BEFORE_SIGNAL):
     return on_line
 
 
+CULPRIT_STEPS = ["--max-steps", "6", "--eval-prompts", "0"]  # the run doctor reads a trend from 4 steps
 README_RUNS = "uv run python -m grpolab runs"
 README_RECONCILE = "uv run python -m grpolab runs --reconcile"
 README_RESUME = "uv run python labs/grpo-first/train.py --resume last"

@@ -8,13 +8,14 @@ import re
 import pytest
 
 import task
-from grpolab.doctor import diagnose, verdict
+import task.rewards
+from grpolab.doctor import diagnose, trends, verdict
 from grpolab.evaluate import EvalResult
 from grpolab.session import parser
 from grpolab.settings import FLAGS, lab_settings
 from task.rewards import RewardRole, UndeclaredRewardError, completion_text, declare_reward
 
-from suite import LAB_DIR
+from suite import CULPRIT_STEPS, LAB_DIR, cpu_only, run_in_process
 
 VALUES = {name: getattr(lab_settings(LAB_DIR, "gpu"), name) for name in FLAGS}
 STEPS = 40
@@ -66,6 +67,8 @@ def history(**series) -> list[dict[str, float]]:
             "completions/clipped_ratio": 0.05,
             "kl": 0.02,
             "entropy": 1.0,
+            "completions/distinct_share": 0.8,
+            "completions/tag_like_ratio": 0.5 + 0.4 * t,
         }
         for key, f in series.items():
             row[key] = f(t)
@@ -114,6 +117,26 @@ def test_a_healthy_run_has_no_findings():
             "the policy learns the format, not the task",
         ),
         ({"reward": lambda t: 0.31}, "reward_flat", "raise --learning-rate"),
+        # The book's reasons a correctness curve never moves, each with its next step.
+        (
+            {"completions/clipped_ratio": lambda t: 0.9, "rewards/format_reward/mean": lambda t: 0.01},
+            "cut_before_the_tag",
+            "raise --max-completion-length (now 768)",
+        ),
+        (
+            {"completions/distinct_share": lambda t: 1 / 8, "frac_reward_zero_std": lambda t: 0.9},
+            "no_diversity",
+            "raise --temperature (now 1)",
+        ),
+        (
+            {
+                "rewards/format_reward/mean": lambda t: 0.0,
+                "rewards/correctness_reward/mean": lambda t: 0.0,
+                "completions/tag_like_ratio": lambda t: 0.3,
+            },
+            "reward_never_pays",
+            "fix the parse",
+        ),
     ],
 )
 def test_each_problem_is_named_with_its_numbers_and_a_next_step(series, expected, words):
@@ -409,3 +432,148 @@ def test_a_proxy_that_holds_while_the_exact_reward_falls_is_hacking_too():
             reward_weights=weights,
         )
     ), "a proxy that fell with it is a run that got worse, not a hack"
+
+
+# --- the book's four culprits, each beside what looks like it and is not ---------------------------
+def test_cut_after_the_answer_is_not_cut_before_the_tag():
+    """Completions cut at the cap while the format is paid: they ramble after the answer, which is
+    `completions_cut` (penalise length), not the tag never coming."""
+    found = names(diagnose(history(**{"completions/clipped_ratio": lambda t: 0.6}), VALUES, set(FLAGS)))
+    assert "completions_cut" in found and "cut_before_the_tag" not in found
+
+
+def test_no_diversity_names_the_temperature_and_not_the_groups():
+    """Identical completions are the one reason their groups teach nothing: one finding, not two."""
+    rows = history(
+        **{
+            "completions/distinct_share": lambda t: 1 / 16,
+            "frac_reward_zero_std": lambda t: 1.0,
+            "reward": lambda t: 0.0,
+        }
+    )
+    found = names(diagnose(rows, {**VALUES, "num_generations": 16, "temperature": 0.05}, set(FLAGS)))
+    assert "no_diversity" in found and "no_learning_signal" not in found
+    (finding,) = [
+        f
+        for f in diagnose(rows, {**VALUES, "num_generations": 16, "temperature": 0.05}, set(FLAGS))
+        if f.name == "no_diversity"
+    ]
+    assert "a group of 16 held about 1.0 distinct completions" in str(finding) and "(now 0.05)" in str(
+        finding
+    )
+
+
+def test_a_confident_model_that_samples_few_distinct_answers_still_has_diversity():
+    """The CPU stand-in writes 2 or 3 distinct answers of 16 for a sum it knows: groups still differ."""
+    rows = history(**{"completions/distinct_share": lambda t: 2.5 / 16})
+    assert "no_diversity" not in names(diagnose(rows, {**VALUES, "num_generations": 16}, set(FLAGS)))
+
+
+def test_a_policy_that_converged_after_learning_is_not_short_of_diversity():
+    """Groups that end alike because the policy learned the answer: late, with the reward up."""
+    rows = history(**{"completions/distinct_share": lambda t: 0.9 if t < 0.6 else 0.1})
+    assert "no_diversity" not in names(diagnose(rows, VALUES, set(FLAGS)))
+
+
+def test_a_reward_that_never_pays_is_a_parse_only_when_answers_were_written():
+    """Zeros from a model that never writes the tag are no_learning_signal's business, not a parse's."""
+    silent = {"rewards/format_reward/mean": lambda t: 0.0, "rewards/correctness_reward/mean": lambda t: 0.0}
+    untagged = history(**silent, **{"completions/tag_like_ratio": lambda t: 0.0})
+    assert "reward_never_pays" not in names(diagnose(untagged, VALUES, set(FLAGS)))
+    tagged = history(**silent, **{"completions/tag_like_ratio": lambda t: 0.1})
+    (finding,) = [f for f in diagnose(tagged, VALUES, set(FLAGS)) if f.name == "reward_never_pays"]
+    assert "correctness_reward, format_reward paid nothing in 40 steps while 10% of completions" in str(
+        finding
+    )
+
+
+GAP = "sampling/sampling_logp_difference/mean"
+
+
+@pytest.mark.parametrize(
+    ("case", "gap", "fires"),
+    [
+        # The adapter reaches vLLM: both compute the same policy; kernels keep them a few hundredths apart
+        # while the policy moves far from the base (KL below).
+        ("adapter in vLLM", lambda t: 0.02 + 0.005 * (t * 7 % 1), False),
+        # vLLM serves the base while the adapter trains: the gap grows with the adapter's distance.
+        ("base served", lambda t: 0.01 + 0.6 * t, True),
+        # One step's outlier (a rare token): a spike, not a drift.
+        ("one spike", lambda t: 0.9 if 0.5 < t < 0.53 else 0.02, False),
+        # A gap large from the first step (another model altogether), not growing: not this rule's shape.
+        ("large from the start", lambda t: 0.5, False),
+    ],
+)
+def test_rollouts_not_from_the_policy_on_metrics_shaped_like_each_case(case, gap, fires):
+    """GPU-only (vLLM's log-probs): logged metrics shaped like each case, with the KL to the base rising."""
+    rows = history(**{GAP: gap, "kl": lambda t: 0.02 + 0.5 * t})
+    found = [f for f in diagnose(rows, VALUES, set(FLAGS)) if f.name == "rollouts_not_from_policy"]
+    assert bool(found) == fires, (case, found)
+    if fires:
+        assert "the rollouts do not come from the adapter being trained" in str(found[0])
+        assert "set --fast-inference false" in str(found[0])
+
+
+def test_without_vllms_log_probs_the_rule_stays_quiet():
+    """The CPU stand-in has no vLLM, and a GPU run without the correction logs no gap: no finding."""
+    assert "rollouts_not_from_policy" not in names(diagnose(history(), VALUES, set(FLAGS)))
+
+
+# --- on real runs: chapter 1's lab made to have each culprit (conftest.py: `culprits`) -----------------
+FINDING = re.compile(r"\[(\w+): ")
+
+
+def printed_findings(stdout: str) -> set[str]:
+    (line,) = [ln for ln in stdout.splitlines() if ln.startswith("Run doctor:")]
+    return set(FINDING.findall(line))
+
+
+@pytest.mark.slow
+@cpu_only("runs chapter 1's CPU profile; the same rules read a GPU run's metrics")
+@pytest.mark.parametrize(
+    ("culprit", "expected"), [("cut", "cut_before_the_tag"), ("cold", "no_diversity")], ids=["cut", "cold"]
+)
+def test_a_run_made_to_have_a_culprit_is_told_it(culprits, culprit, expected):
+    """`--max-completion-length 2` (the tag never fits) and `--temperature 0.05` (a group is one
+    completion): the doctor names each, and only its own culprit of the book's four."""
+    lab = culprits[culprit]["lab"]
+    assert culprits[culprit]["code"] == 0, lab.log()
+    found = printed_findings(lab.stdout)
+    assert expected in found, lab.stdout[-2000:]
+    assert not found & ({"cut_before_the_tag", "no_diversity", "reward_never_pays"} - {expected}), found
+
+
+@pytest.mark.slow
+@cpu_only("runs chapter 1's CPU profile in this process")
+def test_a_reward_whose_parse_fails_on_every_completion_is_told_it(lab_module, stack, tmp_path, monkeypatch):
+    """A parse that rejects every answer (as a tag the parser does not expect would): the rewards pay
+    nothing while the stand-in writes answers in their tags now and then."""
+    monkeypatch.setattr(task.rewards, "answer_span", lambda text: None)
+    argv = ["--output-dir", str(tmp_path / "outputs"), *CULPRIT_STEPS]
+    result = run_in_process(lab_module, argv, uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert result.code == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    found = printed_findings(result.stdout)
+    assert "reward_never_pays" in found, result.stdout[-2000:]
+    assert not found & {"cut_before_the_tag", "no_diversity"}, found
+
+
+def test_the_verdict_says_how_each_paid_reward_moved():
+    """The curves a reader checks first, in the verdict: each paid reward, first -> last quarter."""
+    rows = history()
+
+    def mean(f, steps):  # the history's own formula, averaged over a quarter's steps
+        return sum(f(i / (STEPS - 1)) for i in steps) / len(steps)
+
+    first, last = range(0, STEPS // 4), range(3 * STEPS // 4, STEPS)
+    right, tag = (lambda t: 0.1 + 0.5 * t), (lambda t: 0.1 + 0.1 * t)
+    curves = trends(rows, VALUES)
+    assert curves == (
+        f"correctness_reward {mean(right, first):.3f} -> {mean(right, last):.3f}, "
+        f"format_reward {mean(tag, first):.3f} -> {mean(tag, last):.3f} (first -> last quarter of 40 steps)"
+    )
+    before, after = EvalResult("base", 64, 0.0, 0.0, 3.0), EvalResult("adapter", 64, 0.56, 0.95, 5.0)
+    text = verdict([], before, after, steps=len(rows), curves=curves)
+    assert text.startswith(f"Run doctor: nothing held learning back. Rewards: {curves}.")
+    assert text.endswith("Held-out accuracy 0.0% -> 56.0%, format 0.0% -> 95.0% (base -> adapter).")
+    # A reward watched at weight 0 (chapter 4's) is not a curve the policy was paid on.
+    assert "format_reward" not in trends(rows, VALUES, reward_weights=[1.0, 0.0])

@@ -6,7 +6,6 @@ the fast unit tests in test_task.py and test_task_tasks.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,13 +20,10 @@ trl_utils = pytest.importorskip("trl.trainer.utils")
 TASKS = list(task.TASKS.values())
 IDS = [t.name for t in TASKS]
 
-# A well-formed answer that is wrong for its row, per task.
-WRONG: dict[str, Callable[[dict[str, Any]], str]] = {
-    "addition": lambda row: str(row["target"] + 1),
-    "countdown": lambda row: row["solution"] + " + 0",  # 0 is not one of the given numbers
-    "sorting": lambda row: ", ".join(map(str, row["target"])) + ", 100",  # one number too many
-    "lastdigit": lambda row: str((row["target"] + 1) % 10),
-}
+
+def wrong(t: task.Task, row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """A well-formed answer that is wrong for `row`: another row's right answer that differs from its."""
+    return next(t.reference_answer(r) for r in rows if t.reference_answer(r) != t.reference_answer(row))
 
 
 @pytest.mark.parametrize("t", TASKS, ids=IDS)
@@ -49,7 +45,7 @@ def test_calculate_rewards_calls_our_functions(t: task.Task) -> None:
     contents = [
         f"<ans>{t.reference_answer(inputs[0])}</ans>",
         "no tag",
-        f"<ans> {WRONG[t.name](inputs[2])} </ans>",
+        f"<ans> {wrong(t, inputs[2], t.build_dataset(50, seed=1).to_list())} </ans>",
         None,
         f"<ans>{t.reference_answer(inputs[4])}</ans><ans>{t.reference_answer(inputs[4])}</ans>",
         f"Done: <ans>{t.reference_answer(inputs[5])}</ans>",

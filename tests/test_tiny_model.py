@@ -124,6 +124,9 @@ def test_a_task_added_to_the_registry_does_not_change_the_books_stand_in(monkeyp
     assert tiny_model.warm_start_texts(tokenizer) == book_pairs
     own_hash = tiny_model.recipe_hash("lastdigit")
     assert own_hash not in (book, tiny_model.recipe_hash("addition-too"))
+    # Chapter 4's stand-in is derived as it was (the name its cache has had since it was measured),
+    # whatever other task gets a recipe of its own (chapter 1's small-addition).
+    assert own_hash == "69d9f3d4495f" and tiny_model.recipe_hash("small-addition") not in (book, own_hash)
     monkeypatch.setitem(tiny_model.WARM_START, "steps", 201)  # the book's recipe changes: so does the task's
     assert tiny_model.recipe_hash("lastdigit") != own_hash
 
@@ -148,6 +151,27 @@ def test_a_task_of_its_own_is_answered_right_now_and_then_and_sometimes_echoed(t
     assert abs(echoed - echo) < 0.05, echoed
     assert abs(tagged - tiny_model.WARM_START["tagged"]) < 0.05, tagged
     assert all(p.startswith("<|im_start|>system") and p.endswith("<|im_start|>assistant\n") for p, _ in own)
+
+
+def test_chapter_1s_stand_in_knows_its_sums_from_training_problems_only(tokenizer):
+    """small-addition's rows (chapter 1's CPU profile): every answer right, so it learns to add; none of
+    them a held-out problem (in either order), so what it knows of those it works out; a fifth in the
+    tag, so it reaches for the tag rarely."""
+    import task
+    from grpolab import tiny_model
+    from task.dataset import split_of
+
+    recipe = tiny_model.own_recipe("small-addition")
+    own = tiny_model.own_task_texts(tokenizer, "small-addition")
+    rows = task.SMALL_ADDITION.build_dataset(recipe["rows"], tiny_model.BUILD_SEED + 1)
+    answers = [c.replace("<ans>", "").replace("</ans>", "").removesuffix("<|im_end|>") for _, c in own]
+    assert answers == [str(row["a"] + row["b"]) for row in rows]
+    assert all(split_of((min(r["a"], r["b"]), max(r["a"], r["b"]))) == "train" for r in rows)
+    held_out = task.SMALL_ADDITION.build_eval_dataset(64, 0)
+    assert not {p for p, _ in own} & {tiny_model._prompt(tokenizer, r) for r in held_out}
+    tagged = sum(c.startswith("<ans>") for _, c in own) / len(own)
+    assert abs(tagged - recipe["tagged"]) < 0.05, tagged
+    assert max(r["a"] for r in rows) == max(r["b"] for r in rows) == 19
 
 
 def test_a_stand_in_of_its_own_starts_from_the_books(monkeypatch, tmp_path):

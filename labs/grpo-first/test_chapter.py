@@ -121,6 +121,40 @@ def test_per_step_rewards_and_the_learning_signal(readme):
     assert last - first >= 0.02, f"no learning signal: first 10 {first:.4f}, last 10 {last:.4f}"
 
 
+def quarter_means(values: list[float]) -> tuple[float, float]:
+    """The first and the last quarter's means of a per-step series."""
+    q = len(values) // 4
+    return statistics.mean(values[:q]), statistics.mean(values[-q:])
+
+
+def test_the_books_curves_correctness_climbs_and_held_out_accuracy_rises(readme):
+    """The book's first run: correctness_reward climbs as the policy learns to emit the right integer in
+    its tag, and held-out accuracy (greedy, prompts disjoint from training) rises with it."""
+    _, run = readme
+    s = lab_settings(LAB_DIR, "cpu")
+    first, last = quarter_means(history(*readme, "rewards/correctness_reward/mean"))
+    metrics = run.data.metrics
+    base, adapter = metrics["eval/base_accuracy"], metrics["eval/adapter_accuracy"]
+    print(
+        f"correctness {first:.3f} -> {last:.3f} (first -> last quarter); held-out {base:.1%} -> {adapter:.1%}"
+    )
+    assert last - first >= 0.3, (first, last)
+    assert s.eval_prompts >= 64 and adapter - base >= 0.25, (base, adapter)
+    format_first, format_last = quarter_means(history(*readme, "rewards/format_reward/mean"))
+    assert format_last > format_first and metrics["eval/adapter_format_rate"] >= 0.9
+
+
+def test_the_doctor_finds_nothing_on_the_readme_run_and_says_how_it_learned(readme):
+    """A run that learned: none of the book's culprits (nor any other finding), and the verdict states
+    the curves and the held-out rise, in the summary and on the Overview."""
+    chapter_run, run = readme
+    (printed,) = [line for line in chapter_run.stdout.splitlines() if line.startswith("Run doctor:")]
+    assert printed.startswith("Run doctor: nothing held learning back. Rewards: correctness_reward "), printed
+    assert "format_reward" in printed and re.search(r"Held-out accuracy [\d.]+% -> [\d.]+%", printed)
+    note = run.data.tags["mlflow.note.content"]
+    assert printed in note
+
+
 def test_memory_is_measured_and_paired_with_the_budget(readme):
     chapter_run, run = readme
     metrics = run.data.metrics
@@ -241,8 +275,10 @@ def test_the_run_keeps_every_key_it_had_before_the_chapter_redesign(readme):
     (readme_run_keys.json beside this file, read from the README run of 2026-12-01 on the commit before). Since
     then, by design (issue 19): memory figures name their unit (`base_weights/budget_mib` on the CPU),
     the `at a glance/*` copies, `perf/completions_logging_seconds`, the tag `memory_unit` and the
-    held-out completions table (`completions/held_out.json`, tag `mlflow.loggedArtifacts`); and (issue 20) the
-    tag `output_dir`, the run's folder, which `--resume <run id>` finds its checkpoints by."""
+    held-out completions table (`completions/held_out.json`, tag `mlflow.loggedArtifacts`); (issue 20) the
+    tag `output_dir`, the run's folder, which `--resume <run id>` finds its checkpoints by; and (issue 25)
+    `completions/distinct_share` and `completions/tag_like_ratio`, what the run doctor reads of the
+    completions themselves (a group with no spread, a parse that rejects written answers)."""
     chapter_run, run = readme
     before = json.loads((Path(__file__).with_name("readme_run_keys.json")).read_text())
     client = chapter_run.client
