@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 from typing import Any
 
 from budgets.units import human_bytes
 
+ALIASING_ERROR_ENV = "TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING"
 STEP_PREFIX = "step "  # every compact line starts so (tests count steps by it)
 
 
@@ -82,6 +84,11 @@ def quiet_library_noise() -> None:
       rewriting of every TRL trainer; grpolab.unsloth_trainer raises if GRPO's is not rewritten).
     - datasets' "Map" / "Filter" progress bars while the prompts are built (a second, at most).
     - MLflow's note that it flushes its trace queue at exit (the harness flushed it already).
+    - torch's check that a custom op's output does not alias its input, on the first call of a
+      compiled graph: inductor's own `alloc_from_pool` (Unsloth compiles with `memory_planning`)
+      fails it. torch warns about it, or raises where `CI` is set
+      (torch/_functorch/config.py: `error_on_custom_op_aliasing`), so a lab that runs at a desk
+      would die in a user's CI job. It stays a warning, as torch makes it everywhere else.
     Everything else (Unsloth's notes about the device and precision, MLflow's, errors) stays.
     """
     # Python's own warning when a library's source has an invalid escape (torchao's, compiled once).
@@ -96,3 +103,8 @@ def quiet_library_noise() -> None:
     # datasets reads this when it is imported (later, with the prompts): importing it here would put
     # seconds of imports before the store check, which must refuse a bad store within seconds.
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    # Read when torch is imported (`env_name_force`); a process that imported it already (the fork
+    # server's children, a notebook) gets the setting itself.
+    os.environ[ALIASING_ERROR_ENV] = "0"
+    if "torch._functorch.config" in sys.modules:
+        sys.modules["torch._functorch.config"].error_on_custom_op_aliasing = False
