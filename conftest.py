@@ -228,13 +228,95 @@ def run_culprits(background: Background, _: str) -> dict:
     return {name: {"lab": lab, "code": lab.wait(timeout=WAVE_TIMEOUT_S)} for name, lab in labs.items()}
 
 
+# --- a stop is never lost: chapter 1's lab, short, stopped at each whole second of its run --------
+STOP_RUN = ["--max-steps", "3", "--eval-prompts", "8"]  # every phase, in about 15 s from a fork
+# SIGINT and SIGHUP at three points each, as fractions of the reference run's span.
+STOP_FRACTIONS = (0.15, 0.5, 0.85)
+
+
+@dataclass
+class Stopped:
+    """One lab sent `signum` `offset` seconds after its first line (None: the reference run)."""
+
+    name: str
+    signum: int | None
+    offset: float | None
+    lab: Lab
+    code: int = 0
+    sent: bool = False  # False: it had exited before the signal was due
+    runs: list = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)  # what it left under its --output-dir
+    span: float = 0.0  # first line to exit (the reference run's is the sweep's range)
+
+
+def run_stops(background: Background, _: str) -> dict:
+    """The reference run, then one run per whole second of its span stopped by SIGTERM, and SIGINT
+    and SIGHUP at three points each: two labs at a time, each on a store and folder of its own."""
+    import mlflow
+
+    tmp = background.folder("stops")
+
+    def start(name: str, signum: int | None = None, offset: float | None = None) -> Stopped:
+        folder = tmp / name
+        folder.mkdir(parents=True, exist_ok=True)
+
+        def on_line(lab: Lab, line: str) -> None:
+            if getattr(lab, "first_line_at", None) is None:
+                lab.first_line_at = time.perf_counter()
+                if signum is not None:
+                    threading.Timer(offset, send, args=(lab,)).start()
+
+        def send(lab: Lab) -> None:
+            if lab.process.poll() is None:
+                lab.send_signal(signum)
+                lab.signal_sent = True
+
+        args = ["--output-dir", str(folder / "outputs"), *STOP_RUN]
+        return Stopped(
+            name, signum, offset, Lab(name, LAB_DIR / "train.py", args, _sqlite(folder), tmp, on_line)
+        )
+
+    def finish(case: Stopped) -> Stopped:
+        case.code = case.lab.wait(timeout=WAVE_TIMEOUT_S)
+        case.sent = getattr(case.lab, "signal_sent", False)
+        case.span = time.perf_counter() - (getattr(case.lab, "first_line_at", None) or case.lab.started)
+        folder = tmp / case.name
+        if (folder / "mlflow.db").exists():
+            client = mlflow.MlflowClient(_sqlite(folder))
+            experiments = client.search_experiments()
+            case.runs = client.search_runs([e.experiment_id for e in experiments]) if experiments else []
+        outputs = folder / "outputs"
+        case.outputs = (
+            sorted(str(p.relative_to(outputs)) for p in outputs.rglob("*")) if outputs.exists() else []
+        )
+        return case
+
+    reference = finish(start("reference"))
+    cases = [("SIGTERM", signal.SIGTERM, float(s)) for s in range(int(reference.span) + 1)]
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        cases += [(signum.name, signum, round(f * reference.span, 1)) for f in STOP_FRACTIONS]
+    done: list[Stopped] = []
+    running: list[Stopped] = []
+    for name, signum, offset in cases:
+        if len(running) == 2:
+            done.append(finish(running.pop(0)))
+        running.append(start(f"{name}-{offset:g}s", signum, offset))
+    done += [finish(case) for case in running]
+    return {"reference": reference, "stopped": done}
+
+
+def _sqlite(folder: Path) -> str:
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
 JOBS: dict[str, Callable[[Background, str], Any]] = {
     "chapter": run_chapter,
     "wave": run_wave,
     "culprits": run_culprits,
+    "stops": run_stops,
 }
 # Fixtures that read a background run, and the run each reads.
-BACKGROUND_FIXTURES = {"wave": "wave", "stopped": "wave", "culprits": "culprits"}
+BACKGROUND_FIXTURES = {"wave": "wave", "stopped": "wave", "culprits": "culprits", "stops": "stops"}
 
 
 def _background_of(item: pytest.Item) -> list[str]:
@@ -371,6 +453,11 @@ def wave(background: Background) -> dict:
 @pytest.fixture(scope="session")
 def culprits(background: Background) -> dict:
     return background.result("culprits")
+
+
+@pytest.fixture(scope="session")
+def stops(background: Background) -> dict:
+    return background.result("stops")
 
 
 @pytest.fixture(scope="session")

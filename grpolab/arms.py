@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,10 +70,26 @@ def main(
 ) -> int:
     """Every selected arm, one after another in this process, each nested under the chapter's run;
     then the comparison logged on that run. Returns the exit code (a lab's)."""
-    from grpolab import console, endings, store, tracking
-    from grpolab.prepare import budget_only, prepare, prompts
+    from grpolab import endings
 
     args = parser(doc.split("\n\n")[0] if doc else "", arms).parse_args(argv)
+    with endings.STOPS.armed() as stops:  # signals recorded, acted on between phases (as run_lab's)
+        try:
+            return _main(lab_dir, arms, train, args, stops)
+        except KeyboardInterrupt as stop:
+            if not stops.opened:
+                print(
+                    f"\n{endings.stop_cause(stop)}: no MLflow run was opened, nothing written",
+                    file=sys.stderr,
+                )
+            return endings.exit_code(stop)
+
+
+def _main(lab_dir, arms, train, args, stops) -> int:
+    from grpolab import console, store, tracking
+    from grpolab.prepare import budget_only, prepare, prompts
+
+    stops.enter("the run's preparation (imports, settings, budget)")
     console.quiet_library_noise()  # before Unsloth's import, as every lab does
     if args.resume is not None:
         return refuse(
@@ -105,21 +122,9 @@ def main(
         return refuse(err)
     if cuda.note:
         print(cuda.note, flush=True)
-    try:
-        return _run(
-            lab_dir,
-            [by_name[n] for n in chosen],
-            train,
-            args,
-            settings,
-            sheet,
-            device,
-            card_note,
-            cuda,
-            dataset,
-        )
-    except KeyboardInterrupt as stop:
-        return endings.exit_code(stop)
+    return _run(
+        lab_dir, [by_name[n] for n in chosen], train, args, settings, sheet, device, card_note, cuda, dataset
+    )
 
 
 def _check(settings) -> None:
@@ -132,7 +137,6 @@ def _run(lab_dir, chosen, train, args, settings, sheet, device, card_note, cuda,
     import mlflow
 
     from grpolab import tracking
-    from grpolab.session import session
 
     tags = {
         "profile": settings.profile,
@@ -145,22 +149,13 @@ def _run(lab_dir, chosen, train, args, settings, sheet, device, card_note, cuda,
     parent_name = tracking.run_name(f"arms-{settings.profile}")
     with tracking.lab_run(settings.chapter, parent_name, tags) as parent:
         mlflow.log_params(settings.as_params())
-        for arm in chosen:
-            arm_settings = settings.replace(**arm.changes)
-            print(f"\n=== arm {arm.name}: {arm.reward} reward, beta {arm_settings.beta:g} ===", flush=True)
-            name = f"{arm.name}-{parent_name}"
-            with session(
-                arm_settings, sheet, device, args, dataset, card_note, nested=True, cuda=cuda, name=name
-            ) as run:
-                train(run, arm.reward)
-            client = mlflow.MlflowClient()
-            client.set_tag(run.mlflow_run.info.run_id, "arm", arm.name)
-            client.set_tag(run.mlflow_run.info.run_id, "arm.reward", arm.reward)
-            results.append(summary(arm, run))
-            print(
-                "\n".join(line for line in run.summary if line.startswith(("Held-out", "Run doctor"))),
-                flush=True,
+        try:
+            _arms(
+                chosen, train, args, settings, sheet, device, card_note, cuda, dataset, parent_name, results
             )
+        except KeyboardInterrupt as stop:
+            _stopped(stop, chosen, results)
+            raise
         text = log_report(results, parent.info.run_id)
     print("\n" + text)
     print(f"MLflow run {parent.info.run_id} in {tracking.tracking_uri()} (its arms nest under it)")
@@ -168,6 +163,49 @@ def _run(lab_dir, chosen, train, args, settings, sheet, device, card_note, cuda,
         f"Open it: uv run mlflow ui --backend-store-uri {tracking.tracking_uri()}, then {tracking.run_url(parent)}"
     )
     return 0
+
+
+def _arms(
+    chosen, train, args, settings, sheet, device, card_note, cuda, dataset, parent_name, results
+) -> None:
+    """Each arm in turn, nested under the chapter's run; its summary appended to `results`."""
+    import mlflow
+
+    from grpolab.endings import STOPS
+    from grpolab.session import session
+
+    for arm in chosen:
+        STOPS.enter(f"the arms, before arm {arm.name}")
+        arm_settings = settings.replace(**arm.changes)
+        print(f"\n=== arm {arm.name}: {arm.reward} reward, beta {arm_settings.beta:g} ===", flush=True)
+        name = f"{arm.name}-{parent_name}"
+        with session(
+            arm_settings, sheet, device, args, dataset, card_note, nested=True, cuda=cuda, name=name
+        ) as run:
+            train(run, arm.reward)
+        client = mlflow.MlflowClient()
+        client.set_tag(run.mlflow_run.info.run_id, "arm", arm.name)
+        client.set_tag(run.mlflow_run.info.run_id, "arm.reward", arm.reward)
+        results.append(summary(arm, run))
+        print(
+            "\n".join(line for line in run.summary if line.startswith(("Held-out", "Run doctor"))),
+            flush=True,
+        )
+
+
+def _stopped(stop: KeyboardInterrupt, chosen, results: list[dict[str, Any]]) -> None:
+    """A stopped chapter says which arms finished and which did not: on its run (its description,
+    after the signal) and on stderr."""
+    from grpolab import endings, tracking
+
+    finished = [r["arm"] for r in results]
+    rest = [a.name for a in chosen if a.name not in finished]
+    text = (
+        f"{endings.stop_cause(stop)}. Arms finished: {', '.join(finished) or 'none'}; "
+        f"stopped or not started: {', '.join(rest) or 'none'}."
+    )
+    tracking.describe_ending(endings.signal_of(stop).name, text)
+    print(f"\n{text}", file=sys.stderr)
 
 
 def summary(arm: Arm, run) -> dict[str, Any]:

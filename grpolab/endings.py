@@ -5,11 +5,17 @@ and at the top of its description (`mlflow.note.content`):
 
 - **Catchable signals.** Python turns only SIGINT into KeyboardInterrupt; SIGTERM (kill, timeout,
   docker stop, a scheduler, a closed cloud session) and SIGHUP (a closed terminal) end the process
-  on the spot and leave its run RUNNING forever. While a run is open (`catching_signals`, entered
-  by `tracking.lab_run`) all three raise `Interrupted`, a KeyboardInterrupt that names its signal,
-  so the harness ends the run KILLED with what was measured and the adapter trained so far, whichever
-  arrived. A save in progress finishes first (`signals_deferred`, used by `grpolab.atomic`): a second
-  Ctrl-C leaves the old adapter or the new one, never half of one.
+  on the spot and leave its run RUNNING forever. A lab records all three (`STOPS`) and acts on them
+  only at points the harness owns: between the phases of a run and at each step boundary. There it
+  raises `Interrupted`, a KeyboardInterrupt that names its signal and the phase it arrived in, and
+  the harness ends the run KILLED with what was measured and the adapter trained so far, or, before
+  the MLflow run exists, exits 128 + the signal leaving nothing. Why not raise where the signal
+  lands: an exception thrown into foreign code can be swallowed. Unsloth's lazy imports catch every
+  exception (a SIGTERM 3 s into the model's load was taken for a failed import of OpenAI, and the
+  run trained to the end, FINISHED); so may any `except BaseException` in transformers, datasets or
+  MLflow. The same signal a second time stops at once, as Ctrl-C twice does in most tools. A save
+  in progress finishes first even then (`signals_deferred`, used by `grpolab.atomic`): the old
+  adapter or the new one, never half of one.
 - **Endings no process survives.** SIGKILL (kill -9, the Linux OOM killer when host memory runs out)
   and a power loss leave nothing to catch. Every run records its process (tags process.host,
   process.pid, process.start_time); `reconcile` ends KILLED the runs left RUNNING whose process is gone
@@ -54,10 +60,12 @@ CATCHABLE = {
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C, SIGTERM or SIGHUP while a run is open: handled like Ctrl-C, naming its signal."""
+    """Ctrl-C, SIGTERM or SIGHUP, acted on: handled like Ctrl-C, naming its signal and the phase
+    it arrived in ("during the model's load"; empty when unknown)."""
 
-    def __init__(self, signum: int = signal.SIGINT) -> None:
+    def __init__(self, signum: int = signal.SIGINT, where: str = "") -> None:
         self.signum = signal.Signals(signum)
+        self.where = where
         super().__init__(self.signum.name)
 
 
@@ -87,8 +95,9 @@ def stop_cause(stop: BaseException, run: Any = None) -> str:
     """The cause, as in "Stopped by SIGTERM (who sends it) at step 12 of 500"; no step without a run."""
     sig = signal_of(stop)
     verb = "Interrupted" if sig == signal.SIGINT else "Stopped"
-    where = f" {at_step(run)}" if run is not None else ""
-    return f"{verb} by {sig.name} ({CATCHABLE.get(sig, 'a signal')}){where}"
+    where = [w for w in (getattr(stop, "where", ""), at_step(run) if run is not None else "") if w]
+    text = f"{verb} by {sig.name} ({CATCHABLE.get(sig, 'a signal')})"
+    return f"{text} {', '.join(where)}" if where else text
 
 
 def at_step(run: Any) -> str:
@@ -117,21 +126,109 @@ def _restore(previous: dict) -> None:
         signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
 
-def _interrupt(signum, frame) -> None:
-    raise Interrupted(signum)
+class Stops:
+    """Where a lab's SIGINT, SIGTERM and SIGHUP land: recorded when they arrive, acted on where the
+    harness says (`check`), never raised into code the harness does not own.
+
+    - `armed()`: the process's handlers record; the previous ones come back after. A lab arms at
+      its start (`grpolab.session.run_lab`); `run_open()` arms too, for code that opens a run alone.
+    - `phase(what)`: what the process is doing now, as a noun phrase ("the model's load"); a stop
+      recorded before it is acted on as it starts, one that arrives during it as it ends. The first
+      signal says on stderr what it waits for ("SIGTERM received during the model's load: stopping
+      after it"); phases that take long on a GPU (a model load, a first step) are where it matters.
+    - `check()`: raise `Interrupted` for a recorded stop, naming the phase it arrived in. Inside a
+      run the run ends KILLED; before it, the lab exits 128 + the signal, leaving nothing.
+    - The same signal a second time is acted on at once, wherever the process is; so is any signal
+      inside `at_once()` (harness code that only waits: a sweep on its cell). `signals_deferred`
+      still holds a save in progress whole.
+    """
+
+    def __init__(self) -> None:
+        self.pending: tuple[signal.Signals, str] | None = None
+        self.doing = "the run's start"
+        self.until = ""  # what the first signal waits for, when not the phase's end
+        self.opened = 0  # MLflow runs opened while armed (tracking.lab_run counts them)
+        self._previous: dict | None = None
+        self._at_once = 0
+
+    @property
+    def is_armed(self) -> bool:
+        return self._previous is not None
+
+    @contextmanager
+    def armed(self) -> Iterator[Stops]:
+        if self.is_armed or not _on_main_thread():
+            yield self
+            return
+        self.pending, self.opened, self._previous = None, 0, _install(self._arrived)
+        try:
+            yield self
+        finally:
+            previous, self._previous = self._previous, None
+            _restore(previous)
+            self.pending = None
+
+    def enter(self, doing: str, until: str = "") -> None:
+        """The next phase begins (what came before is done): a stop recorded so far is acted on."""
+        self.check()
+        self.now(doing, until)
+
+    def now(self, doing: str, until: str = "") -> None:
+        """What the process is doing from here, acting on nothing (a run has just ended)."""
+        self.doing, self.until = doing, until
+
+    @contextmanager
+    def phase(self, doing: str, until: str = "") -> Iterator[None]:
+        """A phase inside another: stops are acted on as it starts and as it ends."""
+        self.check()
+        before = self.doing, self.until
+        self.doing, self.until = doing, until
+        try:
+            yield
+        finally:
+            self.doing, self.until = before
+        self.check()  # not in `finally`: an error that ends the phase ends the run, not the stop
+
+    def check(self) -> None:
+        if self.pending is not None:
+            sig, doing = self.pending
+            self.pending = None
+            raise Interrupted(sig, f"during {doing}")
+
+    @contextmanager
+    def at_once(self) -> Iterator[None]:
+        self.check()
+        self._at_once += 1
+        try:
+            yield
+        finally:
+            self._at_once -= 1
+
+    def _arrived(self, signum, frame) -> None:
+        sig = signal.Signals(signum)
+        if self._at_once or (self.pending is not None and self.pending[0] == sig):
+            self.pending = None
+            raise Interrupted(sig, f"during {self.doing}")
+        if self.pending is None:
+            self.pending = (sig, self.doing)
+            os.write(
+                2,
+                f"\n{sig.name} received during {self.doing}: stopping after {self.until or 'it'} "
+                f"({sig.name} again stops at once)\n".encode(),
+            )
+
+
+STOPS = Stops()
+AFTER_THE_RUN = "the end of the process, after its run ended"
 
 
 @contextmanager
-def catching_signals() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP raise `Interrupted` inside; the previous handlers come back after."""
-    if not _on_main_thread():
-        yield
-        return
-    previous = _install(_interrupt)
-    try:
-        yield
-    finally:
-        _restore(previous)
+def catching_signals() -> Iterator[Stops]:
+    """SIGINT, SIGTERM and SIGHUP recorded inside (`STOPS`), acted on at its checks; a stop recorded
+    before is acted on as the block starts."""
+    with STOPS.armed():
+        STOPS.check()
+        yield STOPS
 
 
 class DeferredSignals:
@@ -160,7 +257,7 @@ class DeferredSignals:
         self._previous = _install(self._hold)
 
     def _hold(self, signum, frame) -> None:
-        if not self.received:
+        if not self.received and self._previous.get(signum) != STOPS._arrived:  # STOPS says it on delivery
             name = signal.Signals(signum).name
             os.write(
                 2,

@@ -203,6 +203,7 @@ def evaluate_saved(settings, device, args, card_note: str, cuda=None) -> None:
     import mlflow
 
     from grpolab import completions, tracking
+    from grpolab.endings import STOPS
     from grpolab.evaluate import eval_rows, evaluate, load_adapter
     from grpolab.settings import LabSettingsError
 
@@ -220,9 +221,14 @@ def evaluate_saved(settings, device, args, card_note: str, cuda=None) -> None:
         settings.chapter, f"eval-{tracking.run_name(settings.profile)}", tags
     ) as mlflow_run:
         tracking.log_context(settings, device, card_note, cuda)
+        STOPS.enter("the model's load (Unsloth's patching included)")
         model, tokenizer = policy.load_policy(settings)
         load_adapter(model, adapter)
-        results = [evaluate(model, tokenizer, settings, which, adapter) for which in ("base", "adapter")]
+        results = []
+        for which in ("base", "adapter"):
+            STOPS.enter(f"the {which}'s held-out evaluation")
+            results.append(evaluate(model, tokenizer, settings, which, adapter))
+        STOPS.enter("the final logging")
         for step, result in enumerate(results):
             log_eval(result, step)
         completions.log_eval(eval_rows(settings)["prompt"], *results)

@@ -174,6 +174,13 @@ class MemoryProbe:
             # reports that as "libz3.so not found". Load it now: the cap is for what the step holds.
             with contextlib.suppress(Exception):
                 import torch.fx.experimental.validator
+            # Nor may torch.compile run under the cap: it compiles the step's functions the first time
+            # they run, and an address-space limit that binds inside its compiler raises MemoryError
+            # there, whose context chain (CPython reuses MemoryError objects) can loop contextlib's
+            # exit forever: a fresh clone's suite once hung so. The capped step runs eagerly.
+            import torch._dynamo
+
+            torch._dynamo.config.disable = True
 
             limit = psutil.Process().memory_info().vms + int(gib * GIB)
             self._uncapped = resource.getrlimit(resource.RLIMIT_AS)

@@ -29,6 +29,7 @@ from pathlib import Path
 from budgets.shapes import catalog, hub_cache_config, load_shape
 from budgets.units import GIB
 from grpolab.atomic import save_pretrained_atomically
+from grpolab.endings import STOPS
 from grpolab.paths import REPO_ROOT
 from grpolab.settings import LabSettings, LabSettingsError
 from grpolab.tiny_model import build_tokenizer
@@ -91,14 +92,22 @@ def build(model: str, root: Path) -> tuple[Path, str]:
     with open(root / f".{final.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (final / "config.json").is_file():
-            built = subprocess.run(
+            built = subprocess.Popen(
                 [sys.executable, "-m", "grpolab.rehearsal", model, str(final)],
                 cwd=REPO_ROOT,
-                capture_output=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
                 text=True,
             )
+            try:
+                with STOPS.at_once():  # minutes on a GPU, all of it waiting: a stop stops the build too
+                    _, stderr = built.communicate()
+            except KeyboardInterrupt:
+                built.terminate()  # its staging copy goes with it
+                built.wait()
+                raise
             if built.returncode != 0:
-                lines = [line for line in built.stderr.splitlines() if line.strip()]
+                lines = [line for line in stderr.splitlines() if line.strip()]
                 raise RehearsalError(
                     f"rehearsal: building {model}'s random checkpoint failed: {lines[-1] if lines else built.returncode}"
                 )
@@ -192,4 +201,8 @@ def rehearsal_settings(s: LabSettings) -> tuple[LabSettings, list[str]]:
 
 
 if __name__ == "__main__":  # `build` runs the build here, in a process of its own
+    import signal
+
+    # Stopped by its lab (a signal the lab received): the staging copy is removed on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     _build_here(sys.argv[1], Path(sys.argv[2]))

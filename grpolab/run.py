@@ -64,9 +64,11 @@ class Run:
     def load_policy(self):
         """The 4-bit base with its LoRA adapter, loaded and measured as the "load" phase."""
         from grpolab import policy
+        from grpolab.endings import STOPS
         from grpolab.unsloth_trainer import grpo_trainer_class
         from grpolab.vllm_ledger import capture
 
+        STOPS.enter("the model's load (Unsloth's patching included)")
         with self.meter.probe.phase("load"), capture() as vllm_lines:
             model, self.tokenizer = policy.load_policy(self.settings)
         self.meter.vllm_log = vllm_lines  # vLLM's start-up lines, for what its engine does not keep
@@ -75,6 +77,7 @@ class Run:
         grpo_trainer_class()
         if self.options.memory_cap_gib is not None:
             self.meter.probe.cap(self.options.memory_cap_gib)  # rehearse an out-of-memory on purpose
+        STOPS.enter("the trainer's construction")
         return model, self.tokenizer
 
     def precision(self, model) -> dict[str, bool]:
@@ -91,8 +94,10 @@ class Run:
         import mlflow
 
         from grpolab import completions, console, tracking
+        from grpolab.endings import STOPS
         from grpolab.step_boundary import StepBoundary
 
+        STOPS.enter("the training's set-up")
         self.trainer = trainer
         # First among the harness's callbacks: it keeps the RNG states before anything else logs.
         self.boundary = StepBoundary()
@@ -106,6 +111,8 @@ class Run:
         mlflow.set_tag("trainer_class", type(trainer).__name__)
         if resume is None or not self._logged_base():
             self.evaluate("base", step=0)  # the adapter starts at zero: this is the base model
+        # Rollouts and updates are TRL's and Unsloth's: a stop waits for the step's end (StepBoundary).
+        STOPS.enter("training", until="the step in progress")
         try:
             with self.meter.probe.phase("train"):
                 # The trainer restores the adapter, optimizer, scheduler, RNG, data order and step.
@@ -142,10 +149,12 @@ class Run:
     def evaluate(self, which: str, step: int) -> None:
         """Held-out accuracy, format rate and length of `which` ("base" or "adapter"), logged as eval/*."""
         from grpolab import completions
+        from grpolab.endings import STOPS
         from grpolab.evaluate import eval_rows, evaluate, log_eval
 
         if self.settings.eval_prompts == 0 or self.trainer is None:
             return
+        STOPS.enter(f"the {which}'s held-out evaluation")
         with self.meter.probe.phase(f"eval_{which}"):
             result = evaluate(
                 self.trainer.model,

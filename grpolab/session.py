@@ -38,10 +38,33 @@ __all__ = ["Run", "parser", "prepare", "prompts", "records_memory_history", "run
 
 
 def run_lab(lab_dir: Path, train: Callable[[Run], None], argv: list[str] | None = None, doc: str = "") -> int:
-    """Parse, check, budget, run `train` inside a measured MLflow run; returns the exit code."""
+    """Parse, check, budget, run `train` inside a measured MLflow run; returns the exit code.
+
+    From here on SIGINT, SIGTERM and SIGHUP are recorded and acted on between phases and steps
+    (grpolab.endings.STOPS): inside the run it ends KILLED; before it, nothing is written and the exit
+    code is 128 + the signal; after it ended FINISHED, it stays so (all was saved) and the exit code
+    says the signal came."""
     args = parser(doc.split("\n\n")[0] if doc else "").parse_args(argv)
+    from grpolab import endings
+
+    with endings.STOPS.armed() as stops:
+        try:
+            return _run_lab(lab_dir, train, args, stops)
+        except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP: 130, 143, 129 as a shell reports them
+            if not stops.opened:
+                print(
+                    f"\n{endings.stop_cause(stop)}: no MLflow run was opened, nothing written",
+                    file=sys.stderr,
+                )
+            elif stop.where == f"during {endings.AFTER_THE_RUN}":
+                print(f"\n{endings.stop_cause(stop)}: the run had ended, all saved", file=sys.stderr)
+            return endings.exit_code(stop)
+
+
+def _run_lab(lab_dir: Path, train: Callable[[Run], None], args: argparse.Namespace, stops) -> int:
     from grpolab import console, cuda_env, endings, store, tracking
 
+    stops.enter("the run's preparation (imports, settings, budget)")
     console.quiet_library_noise()  # before Unsloth's import: its and torch's warnings about themselves
 
     if args.budget_only and args.resume is not None:
@@ -75,6 +98,7 @@ def run_lab(lab_dir: Path, train: Callable[[Run], None], argv: list[str] | None 
         except LabSettingsError as err:
             return refuse(err)
         return 0
+    stops.enter("the prompts' preparation")
     try:
         dataset = prompts(settings)
     except LabSettingsError as err:  # found only once the tokenizer exists (prompt lengths)
@@ -88,9 +112,8 @@ def run_lab(lab_dir: Path, train: Callable[[Run], None], argv: list[str] | None 
     except endings.DiskFull as err:
         print(f"\nerror: {err}", file=sys.stderr)
         return endings.EXIT_DISK_FULL
-    except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP: 130, 143, 129 as a shell reports them
-        return endings.exit_code(stop)
     print("\n".join(run.summary))
+    stops.check()  # one that came after the run ended FINISHED: the exit code says so
     return 0
 
 
@@ -185,20 +208,11 @@ def session(
                 tracking.log_sheet(sheet, device.on_gpu)
             else:
                 _reopen(run, resume)
+            endings.STOPS.now("the run's set-up")  # the lesson's own steps each name their phase
             try:
                 yield run
             except KeyboardInterrupt as stop:
-                # Ctrl-C, SIGTERM or SIGHUP: keep what was trained and what was measured, and a checkpoint
-                # to resume from; the run ends KILLED, its description opening with the signal and the step.
-                ending, cause = endings.stopped(stop, run)
-                _save_adapter(run)
-                again = _resume_line(run, _save_stopped_checkpoint(run))
-                tracking.describe_ending(ending, f"{cause} {again}" if again else cause)
-                _log_measurement(run, "KILLED", _doctor(run), ending)
-                print(
-                    f"\n{cause.removesuffix('.')}: run {mlflow_run.info.run_id} ends KILLED; the adapter so far is in "
-                    f"{run.output_dir}" + (f"\n{again}" if again else "")
-                )
+                _stopped(run, stop)
                 raise
             except Exception as error:
                 if endings.is_disk_full(error, run.output_dir):  # a checkpoint the trainer could not write
@@ -212,14 +226,21 @@ def session(
                 if again:
                     tracking.add_to_description(again)
                 raise OutOfMemory(f"{message}\n{again}" if again else message) from error
-            _save_adapter(run)
-            if run.adapter_dir is not None:
-                import mlflow
+            try:
+                endings.STOPS.enter("saving the adapter")
+                _save_adapter(run)
+                if run.adapter_dir is not None:
+                    import mlflow
 
-                mlflow.log_artifacts(str(run.adapter_dir), artifact_path="adapter")
-                run.evaluate("adapter", step=run.trainer.state.global_step)
-            doctor = _doctor(run)
-            _log_measurement(run, "FINISHED", doctor)
+                    mlflow.log_artifacts(str(run.adapter_dir), artifact_path="adapter")
+                    run.evaluate("adapter", step=run.trainer.state.global_step)
+                endings.STOPS.enter("the final logging")
+                doctor = _doctor(run)
+                _log_measurement(run, "FINISHED", doctor)
+                endings.STOPS.check()
+            except KeyboardInterrupt as stop:
+                _stopped(run, stop)
+                raise
     finally:
         probe.stop()
     run.summary += [
@@ -231,6 +252,22 @@ def session(
         f"MLflow run {run.mlflow_run.info.run_id} in {tracking.tracking_uri()}",
         f"Open it: uv run mlflow ui --backend-store-uri {tracking.tracking_uri()}, then {tracking.run_url(run.mlflow_run)}",
     ]
+
+
+def _stopped(run: Run, stop: KeyboardInterrupt) -> None:
+    """Ctrl-C, SIGTERM or SIGHUP: keep what was trained and what was measured, and a checkpoint to
+    resume from; the run ends KILLED, its description opening with the signal, the phase and the step."""
+    from grpolab import endings, tracking
+
+    ending, cause = endings.stopped(stop, run)
+    _save_adapter(run)
+    again = _resume_line(run, _save_stopped_checkpoint(run))
+    tracking.describe_ending(ending, f"{cause} {again}" if again else cause)
+    _log_measurement(run, "KILLED", _doctor(run), ending)
+    print(
+        f"\n{cause.removesuffix('.')}: run {run.mlflow_run.info.run_id} ends KILLED; the adapter so far is in "
+        f"{run.output_dir}" + (f"\n{again}" if again else "")
+    )
 
 
 def _reopen(run: Run, resume) -> None:

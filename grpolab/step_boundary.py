@@ -4,9 +4,11 @@ The trainer saves `checkpoint-N` every `save_steps` (grpolab.checkpoints). A run
 saves would lose every step since the last one, so the harness keeps a step's bookkeeping whole and
 saves one more checkpoint when a run is stopped:
 
-- **A step ends whole.** From the optimizer step until the next step begins (the update, the step
-  counter, the logs, a scheduled checkpoint), Ctrl-C, SIGTERM and SIGHUP wait (`StepBoundary`): the
-  weights, optimizer state and counter always agree, and every step the counter counts is logged.
+- **A step ends whole.** A stop that arrives during a step (its rollouts, its update: TRL's and
+  Unsloth's code) is acted on when the next step begins (`StepBoundary`, grpolab.endings.STOPS).
+  From the optimizer step until then (the update, the step counter, the logs, a scheduled
+  checkpoint) even a second signal waits: the weights, optimizer state and counter always agree,
+  and every step the counter counts is logged.
 - **The stopped run's checkpoint.** A signal, or running out of memory, in the middle of step k+1
   finds the weights and optimizer of step k untouched (only the optimizer step changes them, and it
   is never cut). The harness saves them as `checkpoint-k` (`save_stopped`) with the RNG states as
@@ -23,7 +25,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from grpolab.checkpoints import Checkpoint, latest
-from grpolab.endings import DeferredSignals, signals_deferred
+from grpolab.endings import STOPS, DeferredSignals, signals_deferred
 
 
 def rng_states() -> dict[str, Any]:
@@ -70,9 +72,11 @@ class StepBoundary(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.deferred.release()  # a signal held through the last step's bookkeeping lands here
+        STOPS.check()  # ... as does one recorded during the step (the training's own stopping point)
 
     def on_train_end(self, args, state, control, **kwargs):
         self.deferred.release()
+        STOPS.check()
 
     def close(self) -> None:
         """Training ended in an error: what was held is dropped, the error ends the run."""

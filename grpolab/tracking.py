@@ -139,9 +139,10 @@ def lab_run(
     resume_run_id: str | None = None,
 ) -> Iterator[Any]:
     """Start an MLflow run and end it with the status it earned, and why: FINISHED; KILLED on Ctrl-C,
-    SIGTERM or SIGHUP (each raises `endings.Interrupted` while the run is open); FAILED on any
-    exception. The tag `ending` names the cause (finished, SIGTERM, exception, out of memory, disk
-    full, ...); a run nobody described gets a description naming it.
+    SIGTERM or SIGHUP (recorded by `endings.STOPS`, acted on at the harness's checks: the last one
+    just before the run would end FINISHED); FAILED on any exception. The tag `ending` names the
+    cause (finished, SIGTERM, exception, out of memory, disk full, ...); a run whose ending nobody
+    described gets its description opened with it.
 
     First, runs of this host's store left RUNNING by a process that died are ended KILLED, a line
     each. With `system_metrics_interval_s`, MLflow's own system metrics (CPU, RAM, and GPU memory
@@ -150,6 +151,30 @@ def lab_run(
     With `resume_run_id` that run is reopened (RUNNING again, this process's tags, its old ending
     cleared) and ends with the status this process earns.
     """
+    from grpolab import endings
+
+    stops = endings.STOPS
+    with stops.armed():
+        stops.enter("the MLflow run's start")  # a stop from before leaves no run
+        run = _start(chapter, run_name, tags, system_metrics_interval_s, nested, parent_run_id, resume_run_id)
+        stops.opened += 1
+        try:
+            stops.check()  # one that arrived while the run opened
+            yield run
+            stops.check()  # ... or during the run's last records: it has not ended yet
+        except KeyboardInterrupt as stop:
+            _end(run, "KILLED", endings.ending_of(stop), f"{endings.stop_cause(stop)}.")
+            raise
+        except BaseException as error:
+            _end(run, "FAILED", endings.ending_of(error), f"Failed: {endings.error_line(error)}.")
+            raise
+        else:
+            _end(run, "FINISHED", "finished")
+        finally:
+            stops.now(endings.AFTER_THE_RUN if not nested else "the parent run's bookkeeping")
+
+
+def _start(chapter, run_name, tags, system_metrics_interval_s, nested, parent_run_id, resume_run_id):
     import mlflow
 
     from grpolab import endings
@@ -175,17 +200,7 @@ def lab_run(
             nested=nested,
             parent_run_id=parent_run_id,  # a run of another process (a sweep's cell): tag mlflow.parentRunId
         )
-    with endings.catching_signals():
-        try:
-            yield run
-        except KeyboardInterrupt as stop:
-            _end(run, "KILLED", endings.ending_of(stop), f"{endings.stop_cause(stop)}.")
-            raise
-        except BaseException as error:
-            _end(run, "FAILED", endings.ending_of(error), f"Failed: {endings.error_line(error)}.")
-            raise
-        else:
-            _end(run, "FINISHED", "finished")
+    return run
 
 
 # Why each run of this process ended, as the harness described it: it opens the run's description.
@@ -239,8 +254,9 @@ def _end(run, status: str, ending: str, cause: str | None = None) -> None:
             tags = mlflow.get_run(run.info.run_id).data.tags
             if "ending" not in tags:
                 mlflow.set_tag("ending", ending)
-            if cause and not tags.get("mlflow.note.content"):
-                mlflow.set_tag("mlflow.note.content", cause)
+                note = tags.get("mlflow.note.content")
+                if cause and status != "FINISHED":  # over what a finished run's last records said
+                    mlflow.set_tag("mlflow.note.content", f"{cause}\n\n{note}" if note else cause)
         except Exception as error:  # the store may be what failed; ending the run matters more
             print(f"warning: could not record why the run ended: {error}", file=sys.stderr)
         mlflow.end_run(status=status)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from grpolab import run_result
-from grpolab.endings import EXIT_BAD_INPUT
+from grpolab.endings import EXIT_BAD_INPUT, STOPS
 from grpolab.forkserver import PIPE, STDOUT, ForkServer
 from grpolab.paths import REPO_ROOT
 from grpolab.sweep.grid import Planned
@@ -69,11 +69,12 @@ def run_cell(
         process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=PIPE, stderr=STDOUT, text=True)
     tail: deque[str] = deque(maxlen=20)
     try:
-        for line in process.stdout:
-            sys.stdout.write(line)
-            if line.strip():
-                tail.append(line.strip())
-        code = process.wait()
+        with STOPS.at_once():  # the sweep only waits here: a signal is acted on now, and passed on
+            for line in process.stdout:
+                sys.stdout.write(line)
+                if line.strip():
+                    tail.append(line.strip())
+            code = process.wait()
     except KeyboardInterrupt as stop:  # Ctrl-C reaches the cell too; SIGTERM/SIGHUP are passed on
         process.send_signal(getattr(stop, "signum", 2))
         process.wait(timeout=120)

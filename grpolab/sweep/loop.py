@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,9 +36,23 @@ def run_sweep(
 ) -> int:
     """Run every cell that fits (and, with --run-refused, the edge) under one sweep run; log the grid.
     Returns 0, or EXIT_CELL_FAILED when a cell that should have run did not finish."""
+    from grpolab import endings
+
     runs = sum(p.fits for p in planned) + (1 if args.run_refused and edge is not None else 0)
-    with cell_processes(runs) as server:  # before the store opens: the server has nothing to share
-        return _run(lab_dir, args, host, grid, planned, edge, overrides, server)
+    # Signals are recorded (grpolab.endings.STOPS) and acted on before each cell, and at once while
+    # the sweep only waits on a cell (which is then given the same signal).
+    with endings.STOPS.armed() as stops:
+        try:
+            stops.enter("the sweep's start")
+            with cell_processes(runs) as server:  # before the store opens: the server has nothing to share
+                return _run(lab_dir, args, host, grid, planned, edge, overrides, server)
+        except KeyboardInterrupt as stop:
+            if not stops.opened:
+                print(
+                    f"\n{endings.stop_cause(stop)}: no MLflow run was opened, nothing written",
+                    file=sys.stderr,
+                )
+            return endings.exit_code(stop)
 
 
 @contextmanager
@@ -87,19 +102,11 @@ def _run(lab_dir, args, host, grid, planned, edge, overrides, server) -> int:
         for p in planned:
             if not p.fits:
                 mlflow.log_text(p.sheet.table(accepts=FLAGS), f"sweep/refused/{p.cell.name}.txt")
-        for p in planned:
-            is_edge = edge is not None and p is edge
-            if not p.fits and not (is_edge and args.run_refused):
-                outcomes.append(Outcome(p, "refused"))
-                continue
-            extra = []
-            if not p.fits:  # the edge, run anyway
-                extra = ["--ignore-budget"]
-                if host.memory_cap_gib is not None:
-                    extra += ["--memory-cap-gib", f"{host.memory_cap_gib:g}"]
-            own = folder / p.cell.name  # the cell's run is the only one in it: its result is found there
-            exited = cells.run_cell(lab_dir, p, parent.info.run_id, _forwarded(own, overrides), extra, server)
-            outcomes.append(cells.outcome(client, parent, p, exited, own))
+        try:
+            _cells(lab_dir, args, host, planned, edge, overrides, server, parent, client, folder, outcomes)
+        except KeyboardInterrupt as stop:
+            _stopped(stop, planned, outcomes)
+            raise
         edge_outcome = next((o for o in outcomes if edge is not None and o.planned is edge), None)
         text, metrics = report.verdict(outcomes, edge_outcome)
         _log_sweep(outcomes, host, text, metrics, edge_outcome)
@@ -110,6 +117,43 @@ def _run(lab_dir, args, host, grid, planned, edge, overrides, server) -> int:
         )
     failed = [o for o in outcomes if o.status in ("failed", "refused by its own sheet")]
     return EXIT_CELL_FAILED if failed else 0
+
+
+def _cells(lab_dir, args, host, planned, edge, overrides, server, parent, client, folder, outcomes) -> None:
+    """Each cell in turn, or refused; what became of each appended to `outcomes`."""
+    from grpolab.endings import STOPS
+
+    for p in planned:
+        STOPS.enter(f"the sweep, before cell {p.cell.name}")
+        is_edge = edge is not None and p is edge
+        if not p.fits and not (is_edge and args.run_refused):
+            outcomes.append(Outcome(p, "refused"))
+            continue
+        extra = []
+        if not p.fits:  # the edge, run anyway
+            extra = ["--ignore-budget"]
+            if host.memory_cap_gib is not None:
+                extra += ["--memory-cap-gib", f"{host.memory_cap_gib:g}"]
+        own = folder / p.cell.name  # the cell's run is the only one in it: its result is found there
+        exited = cells.run_cell(lab_dir, p, parent.info.run_id, _forwarded(own, overrides), extra, server)
+        outcomes.append(cells.outcome(client, parent, p, exited, own))
+
+
+def _stopped(stop: KeyboardInterrupt, planned: list[Planned], outcomes: list[Outcome]) -> None:
+    """A stopped sweep says which cells finished, which was stopped and which never started: on its
+    run (its description, after the signal) and on stderr."""
+    from grpolab import endings, tracking
+
+    done = {id(o.planned): o for o in outcomes}
+    finished = [o.planned.cell.name for o in outcomes if o.run_status == "FINISHED"]
+    other = [f"{o.planned.cell.name} ({o.status})" for o in outcomes if o.run_status != "FINISHED"]
+    rest = [p.cell.name for p in planned if id(p) not in done]
+    text = (
+        f"{endings.stop_cause(stop)}. Cells finished: {', '.join(finished) or 'none'}; "
+        f"others: {', '.join(other) or 'none'}; stopped or not started: {', '.join(rest) or 'none'}."
+    )
+    tracking.describe_ending(endings.signal_of(stop).name, text)
+    print(f"\n{text}", file=sys.stderr)
 
 
 def _forwarded(output_dir: Path, overrides: dict[str, Any]) -> list[str]:
