@@ -255,7 +255,7 @@ def _end(run, status: str, ending: str, cause: str | None = None) -> None:
             if "ending" not in tags:
                 mlflow.set_tag("ending", ending)
                 note = tags.get("mlflow.note.content")
-                if cause and status != "FINISHED":  # over what a finished run's last records said
+                if cause and (not note or status == "KILLED"):  # a stop after the last records: above them
                     mlflow.set_tag("mlflow.note.content", f"{cause}\n\n{note}" if note else cause)
         except Exception as error:  # the store may be what failed; ending the run matters more
             print(f"warning: could not record why the run ended: {error}", file=sys.stderr)

@@ -7,13 +7,15 @@ SIGTERM during the model's load once let a run train to the end, FINISHED).
 
 The slow tests read one background sweep (conftest.py `run_stops`): chapter 1's lab, short (3 steps,
 8 held-out prompts), run once to measure its span, then once per whole second of that span stopped
-by SIGTERM, and at three points each by SIGINT and SIGHUP, each a real process forked from the
+by SIGTERM (at 16 points evenly over it where the suite's load stretches it past 16 s), and at three
+points each by SIGINT and SIGHUP, each a real process forked from the
 suite's preloaded parent (so the imports themselves are the parent's: a fresh lab signalled during
 them dies of the signal, Python's default, with nothing written either).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
@@ -104,8 +106,11 @@ def test_the_reference_run_finishes_and_spans_the_sweep(stops):
     reference = stops["reference"]
     assert reference.code == 0, reference.lab.log()
     assert [r.info.status for r in reference.runs] == ["FINISHED"]
-    covered = {case.offset for case in stops["stopped"] if case.signum == signal.SIGTERM}
-    assert covered == {float(s) for s in range(int(reference.span) + 1)}
+    covered = sorted(case.offset for case in stops["stopped"] if case.signum == signal.SIGTERM)
+    # Every whole second of its span, or 16 points evenly over it (conftest.py: STOP_POINTS).
+    assert covered[0] == 0 and covered[-1] >= min(int(reference.span), reference.span * 0.95), covered
+    assert len(covered) == min(int(reference.span) + 1, 16), covered
+    assert max(b - a for a, b in itertools.pairwise(covered)) <= max(1.0, reference.span / 15 + 0.1)
 
 
 @pytest.mark.slow
@@ -113,7 +118,13 @@ def test_the_reference_run_finishes_and_spans_the_sweep(stops):
 def test_no_stop_is_lost_none_ends_finished_or_running(stops):
     """Every signal sent: exit 128 + the signal; one KILLED run naming its signal and phase, or no run
     and nothing written; FINISHED only where the run had ended before the signal came (it says so)."""
-    assert len(sent(stops)) >= 10, [(c.name, c.code) for c in stops["stopped"]]
+    # The reference ran beside the suite's other labs: a lab of the sweep may end before its signal is
+    # due. Those finished whole; at least half the SIGTERM points landed.
+    terms = [c for c in stops["stopped"] if c.signum == signal.SIGTERM]
+    assert 2 * len([c for c in terms if c.sent]) >= len(terms), [(c.name, c.code, c.sent) for c in terms]
+    for case in stops["stopped"]:
+        if not case.sent:
+            assert case.code == 0 and [r.info.status for r in case.runs] == ["FINISHED"], case.lab.log()
     for case in sent(stops):
         log = f"{case.name}:\n{case.lab.log()}"
         assert case.code == 128 + case.signum, log
