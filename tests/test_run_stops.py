@@ -106,11 +106,13 @@ def test_the_reference_run_finishes_and_spans_the_sweep(stops):
     reference = stops["reference"]
     assert reference.code == 0, reference.lab.log()
     assert [r.info.status for r in reference.runs] == ["FINISHED"]
-    covered = sorted(case.offset for case in stops["stopped"] if case.signum == signal.SIGTERM)
-    # Every whole second of its span, or 16 points evenly over it (conftest.py: STOP_POINTS).
-    assert covered[0] == 0 and covered[-1] >= min(int(reference.span), reference.span * 0.95), covered
-    assert len(covered) == min(int(reference.span) + 1, 16), covered
+    terms = sorted((c for c in stops["stopped"] if c.signum == signal.SIGTERM), key=lambda c: c.offset)
+    covered = [c.offset for c in terms]
+    # Every whole second of its span, or 16 points evenly over it (conftest.py: STOP_POINTS), until a
+    # lab ends before its signal is due (later ones would too: the sweep stops there).
+    assert covered[0] == 0 and len(covered) >= 4, covered
     assert max(b - a for a, b in itertools.pairwise(covered)) <= max(1.0, reference.span / 15 + 0.1)
+    assert terms[-1].offset >= reference.span * 0.95 or not terms[-1].sent or not terms[-2].sent, covered
 
 
 @pytest.mark.slow
@@ -119,9 +121,9 @@ def test_no_stop_is_lost_none_ends_finished_or_running(stops):
     """Every signal sent: exit 128 + the signal; one KILLED run naming its signal and phase, or no run
     and nothing written; FINISHED only where the run had ended before the signal came (it says so)."""
     # The reference ran beside the suite's other labs: a lab of the sweep may end before its signal is
-    # due. Those finished whole; at least half the SIGTERM points landed.
+    # due. Those finished whole; at most the last two SIGTERM points (two labs run at a time) did.
     terms = [c for c in stops["stopped"] if c.signum == signal.SIGTERM]
-    assert 2 * len([c for c in terms if c.sent]) >= len(terms), [(c.name, c.code, c.sent) for c in terms]
+    assert len([c for c in terms if not c.sent]) <= 2, [(c.name, c.code, c.sent) for c in terms]
     for case in stops["stopped"]:
         if not case.sent:
             assert case.code == 0 and [r.info.status for r in case.runs] == ["FINISHED"], case.lab.log()
