@@ -1,0 +1,125 @@
+"""Chapter 5's claims, read from the suite's one run of its README command (the root conftest.py's
+`chapter_run`): every arm nested and finished in a process of its own, its sheet's peak beside its
+measured one, its held-out accuracy before and after and its time; the chart and the verdict on the
+chapter's Overview. The GPU arms' sheets and the refusals need nothing loaded: they run here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from suite import cpu_only, load_lab_module
+
+LAB_DIR = Path(__file__).resolve().parent
+README_GPU_SHEETS = "uv run python labs/grpo-headroom/train.py --budget-only --profile gpu"
+ARMS = ["recipe", "group", "length", "batch"]
+
+
+@pytest.fixture(scope="module")
+def lab():
+    return load_lab_module(LAB_DIR)
+
+
+# --- the chapter's run --------------------------------------------------------------------------------
+@pytest.fixture
+def arms(chapter_run):
+    assert chapter_run.code == 0, chapter_run.log()
+    (parent,) = chapter_run.top
+    return chapter_run, parent, {r.data.tags["headroom.arm"]: r for r in chapter_run.children(parent)}
+
+
+@pytest.mark.slow
+@cpu_only("reads the CPU profile's run; on a GPU the same command trains Qwen3-4B per arm")
+def test_every_arm_is_nested_finished_and_its_own_process(arms):
+    _, parent, children = arms
+    assert (parent.info.status, parent.data.tags["run_kind"]) == ("FINISHED", "headroom")
+    assert sorted(children) == sorted(ARMS), sorted(children)
+    assert all(c.info.status == "FINISHED" for c in children.values())
+    pids = {c.data.tags["process.pid"] for c in children.values()}
+    assert len(pids) == len(ARMS) and parent.data.tags["process.pid"] not in pids  # a process each
+
+
+@pytest.mark.slow
+@cpu_only("reads the CPU profile's run; on a GPU the same command trains Qwen3-4B per arm")
+def test_each_arm_logs_its_peak_pair_held_out_accuracy_and_time(arms):
+    run, parent, children = arms
+    record = {
+        r["arm"]: r
+        for r in json.loads(
+            (Path(run.client.download_artifacts(parent.info.run_id, "headroom/arms.json"))).read_text()
+        )["arms"]
+    }
+    for name, child in children.items():
+        metrics = child.data.metrics
+        assert "total/budget_mib" in metrics and "total/measured_mib" in metrics, name
+        assert {"eval/base_accuracy", "eval/adapter_accuracy"} <= set(metrics), name
+        r = record[name]
+        assert r["accuracy_base"] == metrics["eval/base_accuracy"]
+        assert r["accuracy_adapter"] == metrics["eval/adapter_accuracy"]
+        assert r["train_minutes"] > 0 and r["tokens_per_s"] > 0, r
+        assert abs(r["measured_gib"] * 1024 - metrics["total/measured_mib"]) < 1e-6 * 1024, r
+    # The same base and the same held-out prompts for every arm: the same accuracy before.
+    assert len({round(r["accuracy_base"], 6) for r in record.values()}) == 1, record
+    # Each knob went up from the recipe, and its arm's sheet spends more than the recipe's.
+    recipe = record["recipe"]
+    for name in ("group", "length", "batch"):
+        before, after, most = record[name]["values"]
+        assert before < after <= most, record[name]
+        assert record[name]["budget_gib"] > recipe["budget_gib"], record[name]
+
+
+@pytest.mark.slow
+@cpu_only("reads the CPU profile's run; on a GPU the same command trains Qwen3-4B per arm")
+def test_the_overview_opens_with_the_verdict_and_the_chart(arms):
+    run, parent, _ = arms
+    note = parent.data.tags["mlflow.note.content"]
+    found = re.match(
+        r"\*\*Most learning per GiB: (\w+)\*\*.*\*\*Most per minute: (\w+)\*\*", note, flags=re.S
+    )
+    assert found and {found.group(1), found.group(2)} <= set(ARMS), note
+    assert found.group(1) != "recipe"  # the recipe spends nothing: it has no price per GiB
+    assert "get-artifact?path=headroom%2Fgain_per_gib_and_minute.png" in note
+    artifacts = {a.path for a in run.client.list_artifacts(parent.info.run_id, "headroom")}
+    assert {"headroom/arms.json", "headroom/arms.md", "headroom/gain_per_gib_and_minute.png"} <= artifacts
+    # The verdict's arm is the one whose logged figure is the largest.
+    per_gib = {a: parent.data.metrics.get(f"headroom/{a}/gain_per_gib") for a in ARMS}
+    priced = {a: v for a, v in per_gib.items() if v is not None}
+    assert max(priced, key=priced.get) == found.group(1), priced
+    assert "the stand-in's, on this CPU host" in note
+    assert "| arm | cell" in run.stdout and "Most learning per GiB" in run.stdout
+
+
+# --- the sheets and the refusals, nothing loaded -------------------------------------------------------
+def test_the_gpu_arms_each_spend_about_half_the_headroom_on_the_16_gb_card(lab, capsys):
+    words = shlex.split(README_GPU_SHEETS)
+    assert lab.main(words[words.index("labs/grpo-headroom/train.py") + 1 :]) == 0
+    out = capsys.readouterr().out
+    peaks = dict(re.findall(r"^  (\w+) +\S+  peak +([\d.]+) GiB", out, flags=re.M))
+    assert set(peaks) == {*ARMS, "standby"}, out[:2000]
+    recipe, card = float(peaks["recipe"]), 15.92
+    target = recipe + lab.FRACTION * (card - recipe)
+    for name in ("group", "length", "batch"):
+        spent = float(peaks[name]) - recipe
+        # at most the share, and at least two thirds of it (the batch moves by whole groups)
+        assert (target - recipe) * 0.66 <= spent <= (target - recipe) + 0.01, (name, spent, out[:1500])
+    assert "rtx-5080" in out and "REFUSED" not in out
+    assert out.count("=== arm ") == 5  # each arm's whole sheet
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--num-generations", "4"], "num_generations: the arms set it"),
+        (["--fraction", "0"], "fraction: must be in (0, 1]"),
+        (["--memory-cap-gib", "0.001"], "the recipe does not fit"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(lab, capsys, argv, says):
+    assert lab.main([*argv, "--profile", "cpu", "--budget-only"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1, err
