@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,12 +76,7 @@ def main(
         try:
             return _main(lab_dir, arms, train, args, stops)
         except KeyboardInterrupt as stop:
-            if not stops.opened:
-                print(
-                    f"\n{endings.stop_cause(stop)}: no MLflow run was opened, nothing written",
-                    file=sys.stderr,
-                )
-            return endings.exit_code(stop)
+            return endings.exit_after(stop, stops)
 
 
 def _main(lab_dir, arms, train, args, stops) -> int:
@@ -196,16 +190,14 @@ def _arms(
 def _stopped(stop: KeyboardInterrupt, chosen, results: list[dict[str, Any]]) -> None:
     """A stopped chapter says which arms finished and which did not: on its run (its description,
     after the signal) and on stderr."""
-    from grpolab import endings, tracking
+    from grpolab import tracking
 
     finished = [r["arm"] for r in results]
     rest = [a.name for a in chosen if a.name not in finished]
-    text = (
-        f"{endings.stop_cause(stop)}. Arms finished: {', '.join(finished) or 'none'}; "
-        f"stopped or not started: {', '.join(rest) or 'none'}."
+    tracking.describe_stop(
+        stop,
+        f"Arms finished: {', '.join(finished) or 'none'}; stopped or not started: {', '.join(rest) or 'none'}.",
     )
-    tracking.describe_ending(endings.signal_of(stop).name, text)
-    print(f"\n{text}", file=sys.stderr)
 
 
 def summary(arm: Arm, run) -> dict[str, Any]:

@@ -36,6 +36,7 @@ import resource
 import shutil
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -220,6 +221,17 @@ class Stops:
 
 STOPS = Stops()
 AFTER_THE_RUN = "the end of the process, after its run ended"
+
+
+def exit_after(stop: BaseException, stops: Stops = STOPS) -> int:
+    """An entry point's exit code once a stop ended it (128 + the signal: 130, 143, 129 as a shell
+    reports them), after saying on stderr what no run's description says: that it stopped before any
+    MLflow run opened (nothing written), or after its run had ended."""
+    if not stops.opened:
+        print(f"\n{stop_cause(stop)}: no MLflow run was opened, nothing written", file=sys.stderr)
+    elif getattr(stop, "where", "") == f"during {AFTER_THE_RUN}":
+        print(f"\n{stop_cause(stop)}: the run had ended, all saved", file=sys.stderr)
+    return exit_code(stop)
 
 
 @contextmanager

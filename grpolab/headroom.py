@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -260,10 +259,13 @@ def _run(lab_dir: Path, args, host: Host, arms: list[Arm], overrides: dict[str, 
                             client.set_tag(outcome.run_id, "headroom.arm", arm.name)
                         results.append(priced(arm, outcome, client))
                 except KeyboardInterrupt as stop:
-                    done = ", ".join(r["arm"] for r in results if r["status"] == "FINISHED") or "none"
-                    text = f"{endings.stop_cause(stop)}. Arms finished: {done}."
-                    tracking.describe_ending(endings.signal_of(stop).name, text)
-                    print(f"\n{text}", file=sys.stderr)
+                    finished = [r["arm"] for r in results if r["status"] == "FINISHED"]
+                    rest = [a.name for a in arms if a.name not in finished]
+                    tracking.describe_stop(
+                        stop,
+                        f"Arms finished: {', '.join(finished) or 'none'}; "
+                        f"stopped or not started: {', '.join(rest) or 'none'}.",
+                    )
                     raise
                 reference = results[0]
                 for r in results:
@@ -278,7 +280,7 @@ def _run(lab_dir: Path, args, host: Host, arms: list[Arm], overrides: dict[str, 
                     f"{tracking.run_url(parent)}"
                 )
         except KeyboardInterrupt as stop:
-            return endings.exit_code(stop)
+            return endings.exit_after(stop, stops)
     failed = [r["arm"] for r in results if r["status"] != "FINISHED"]
     return 1 if failed else 0
 

@@ -50,15 +50,8 @@ def run_lab(lab_dir: Path, train: Callable[[Run], None], argv: list[str] | None 
     with endings.STOPS.armed() as stops:
         try:
             return _run_lab(lab_dir, train, args, stops)
-        except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP: 130, 143, 129 as a shell reports them
-            if not stops.opened:
-                print(
-                    f"\n{endings.stop_cause(stop)}: no MLflow run was opened, nothing written",
-                    file=sys.stderr,
-                )
-            elif stop.where == f"during {endings.AFTER_THE_RUN}":
-                print(f"\n{endings.stop_cause(stop)}: the run had ended, all saved", file=sys.stderr)
-            return endings.exit_code(stop)
+        except KeyboardInterrupt as stop:
+            return endings.exit_after(stop, stops)
 
 
 def _run_lab(lab_dir: Path, train: Callable[[Run], None], args: argparse.Namespace, stops) -> int:

@@ -224,6 +224,16 @@ def describe_ending(ending: str, text: str) -> None:
     mlflow.set_tags({"ending": ending, "mlflow.note.content": _description(run_id)})
 
 
+def describe_stop(stop: BaseException, progress: str) -> None:
+    """A parent run a signal stopped (a sweep, chapter 4's or 5's arms): its ending, and a description
+    opening with the signal and `progress` (which of its runs finished), said on stderr too."""
+    from grpolab import endings
+
+    text = f"{endings.stop_cause(stop)}. {progress}"
+    describe_ending(endings.signal_of(stop).name, text)
+    print(f"\n{text}", file=sys.stderr)
+
+
 def describe_resumes(text: str) -> None:
     """A resumed run's resumes (grpolab.resume.history_text), kept in its description after the ending."""
     import mlflow

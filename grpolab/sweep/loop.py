@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,12 +46,7 @@ def run_sweep(
             with cell_processes(runs) as server:  # before the store opens: the server has nothing to share
                 return _run(lab_dir, args, host, grid, planned, edge, overrides, server)
         except KeyboardInterrupt as stop:
-            if not stops.opened:
-                print(
-                    f"\n{endings.stop_cause(stop)}: no MLflow run was opened, nothing written",
-                    file=sys.stderr,
-                )
-            return endings.exit_code(stop)
+            return endings.exit_after(stop, stops)
 
 
 @contextmanager
@@ -142,18 +136,17 @@ def _cells(lab_dir, args, host, planned, edge, overrides, server, parent, client
 def _stopped(stop: KeyboardInterrupt, planned: list[Planned], outcomes: list[Outcome]) -> None:
     """A stopped sweep says which cells finished, which was stopped and which never started: on its
     run (its description, after the signal) and on stderr."""
-    from grpolab import endings, tracking
+    from grpolab import tracking
 
     done = {id(o.planned): o for o in outcomes}
     finished = [o.planned.cell.name for o in outcomes if o.run_status == "FINISHED"]
     other = [f"{o.planned.cell.name} ({o.status})" for o in outcomes if o.run_status != "FINISHED"]
     rest = [p.cell.name for p in planned if id(p) not in done]
-    text = (
-        f"{endings.stop_cause(stop)}. Cells finished: {', '.join(finished) or 'none'}; "
-        f"others: {', '.join(other) or 'none'}; stopped or not started: {', '.join(rest) or 'none'}."
+    tracking.describe_stop(
+        stop,
+        f"Cells finished: {', '.join(finished) or 'none'}; others: {', '.join(other) or 'none'}; "
+        f"stopped or not started: {', '.join(rest) or 'none'}.",
     )
-    tracking.describe_ending(endings.signal_of(stop).name, text)
-    print(f"\n{text}", file=sys.stderr)
 
 
 def _forwarded(output_dir: Path, overrides: dict[str, Any]) -> list[str]:
