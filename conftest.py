@@ -34,25 +34,36 @@ from typing import Any
 
 import pytest
 
+from grpolab import numerics
+from grpolab.endings import SHOW_PHASES_ENV
+
 from suite import (
     CULPRIT_STEPS,
     HAS_CUDA,
     LAB_DIR,
+    OTHER_SIGNALS_AT,
     README_COUNTDOWN,
     README_FLAGS,
     README_RECONCILE,
     README_RESUME,
     README_RUNS,
+    STOP_RUN,
     WAVE_TIMEOUT_S,
     Chapter,
     FileSizeLimit,
     Lab,
     chapter_of,
     chapters,
+    markers,
     script_and_args,
     signal_after_steps,
     stop_fork_server,
 )
+
+# The suite's own process computes as a CPU lab does (its in-process runs, the stand-ins it builds, the
+# notebooks' kernels and lab processes it starts inherit the variables): before anything computes.
+if not HAS_CUDA:
+    numerics.pin()
 
 # A chapter with an environment of its own (lab.toml's `environment`) runs its tests there.
 collect_ignore_glob = [f"labs/{c.name}/*" for c in chapters() if not c.here]
@@ -228,61 +239,44 @@ def run_culprits(background: Background, _: str) -> dict:
     return {name: {"lab": lab, "code": lab.wait(timeout=WAVE_TIMEOUT_S)} for name, lab in labs.items()}
 
 
-# --- a stop is never lost: chapter 1's lab, short, stopped at each whole second of its run --------
-STOP_RUN = ["--max-steps", "3", "--eval-prompts", "8"]  # every phase, in about 15 s from a fork
-# SIGINT and SIGHUP at three points each, as fractions of the reference run's span.
-STOP_FRACTIONS = (0.15, 0.5, 0.85)
-# SIGTERM at each whole second of the span, or, where the suite's load stretches it (70 s seen on a
-# fresh clone's CI), at this many points evenly over it: the lab's own phases take the same share.
-STOP_POINTS = 16
-
-
 @dataclass
 class Stopped:
-    """One lab sent `signum` `offset` seconds after its first line (None: the reference run)."""
+    """One lab sent `signum` the moment it printed `marker` (None: the reference run)."""
 
     name: str
     signum: int | None
-    offset: float | None
+    marker: str | None
     lab: Lab
     code: int = 0
-    sent: bool = False  # False: it had exited before the signal was due
+    sent: bool = False  # False: it never printed its marker (it ended first)
     runs: list = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)  # what it left under its --output-dir
-    span: float = 0.0  # first line to exit (the reference run's is the sweep's range)
 
 
 def run_stops(background: Background, _: str) -> dict:
-    """The reference run, then one run per whole second of its span stopped by SIGTERM, and SIGINT
-    and SIGHUP at three points each: two labs at a time, each on a store and folder of its own."""
+    """The reference run, then one run stopped by SIGTERM at each marker it reported, and by SIGINT
+    and SIGHUP at three: two labs at a time, each on a store and folder of its own."""
     import mlflow
 
     tmp = background.folder("stops")
 
-    def start(name: str, signum: int | None = None, offset: float | None = None) -> Stopped:
+    def start(name: str, signum: int | None = None, marker: str | None = None) -> Stopped:
         folder = tmp / name
         folder.mkdir(parents=True, exist_ok=True)
 
         def on_line(lab: Lab, line: str) -> None:
-            if getattr(lab, "first_line_at", None) is None:
-                lab.first_line_at = time.perf_counter()
-                if signum is not None:
-                    threading.Timer(offset, send, args=(lab,)).start()
-
-        def send(lab: Lab) -> None:
-            if lab.process.poll() is None:
+            sending = signum is not None and not getattr(lab, "signal_sent", False)
+            if sending and line.startswith(marker) and lab.process.poll() is None:
                 lab.send_signal(signum)
                 lab.signal_sent = True
 
         args = ["--output-dir", str(folder / "outputs"), *STOP_RUN]
-        return Stopped(
-            name, signum, offset, Lab(name, LAB_DIR / "train.py", args, _sqlite(folder), tmp, on_line)
-        )
+        lab = Lab(name, LAB_DIR / "train.py", args, _sqlite(folder), tmp, on_line, env={SHOW_PHASES_ENV: "1"})
+        return Stopped(name, signum, marker, lab)
 
     def finish(case: Stopped) -> Stopped:
         case.code = case.lab.wait(timeout=WAVE_TIMEOUT_S)
         case.sent = getattr(case.lab, "signal_sent", False)
-        case.span = time.perf_counter() - (getattr(case.lab, "first_line_at", None) or case.lab.started)
         folder = tmp / case.name
         if (folder / "mlflow.db").exists():
             client = mlflow.MlflowClient(_sqlite(folder))
@@ -295,34 +289,16 @@ def run_stops(background: Background, _: str) -> dict:
         return case
 
     reference = finish(start("reference"))
-    whole = int(reference.span) + 1
-    offsets = (
-        range(whole)
-        if whole <= STOP_POINTS
-        else [i * reference.span / (STOP_POINTS - 1) for i in range(STOP_POINTS)]
-    )
+    cases = [(signal.SIGTERM, m) for m in markers(reference.lab.lines)]
+    cases += [(s, m) for s in (signal.SIGINT, signal.SIGHUP) for m in OTHER_SIGNALS_AT]
     done: list[Stopped] = []
     running: list[Stopped] = []
-
-    def sweep(cases: list[tuple[int, float]], until_one_ends_first: bool) -> None:
-        for signum, offset in cases:
-            if len(running) == 2:
-                done.append(finish(running.pop(0)))
-                if until_one_ends_first and not done[-1].sent:  # later offsets would end first too
-                    break
-            running.append(start(f"{signal.Signals(signum).name}-{offset:g}s", signum, offset))
-        done.extend(finish(case) for case in running)
-        running.clear()
-
-    # The reference ran beside the suite's other labs: the sweep's labs may be quicker. The first
-    # that ends before its signal ends the SIGTERM sweep, and gives the span the others divide.
-    sweep([(signal.SIGTERM, round(float(s), 1)) for s in offsets], until_one_ends_first=True)
-    span = min([c.offset for c in done if not c.sent], default=reference.span)
-    sweep(
-        [(s, round(f * span, 1)) for s in (signal.SIGINT, signal.SIGHUP) for f in STOP_FRACTIONS],
-        until_one_ends_first=False,
-    )
-    return {"reference": reference, "stopped": done}
+    for i, (signum, marker) in enumerate(cases):
+        if len(running) == 2:
+            done.append(finish(running.pop(0)))
+        running.append(start(f"{signal.Signals(signum).name}-{i}", signum, marker))
+    done.extend(finish(case) for case in running)
+    return {"reference": reference, "stopped": done, "markers": markers(reference.lab.lines)}
 
 
 def _sqlite(folder: Path) -> str:
@@ -465,6 +441,27 @@ def chapter_run(request: pytest.FixtureRequest, background: Background) -> Chapt
     return background.result(f"chapter:{chapter_for(request.node).name}")
 
 
+@dataclass
+class ChapterClaims:
+    """A chapter's claims (labs/<chapter>/claims.py) read from its README run: the figures, and the
+    claims that fail (none, where the book holds)."""
+
+    figures: dict[str, float]
+    failures: list[str]
+
+
+@pytest.fixture
+def chapter_claims(chapter_run: ChapterRun) -> ChapterClaims:
+    from grpolab import claims
+
+    assert chapter_run.code == 0, chapter_run.log()
+    module = claims.load(chapter_run.chapter.name)
+    figures = module.figures(
+        claims.ChapterStore(chapter_run.uri, chapter_run.chapter.name, chapter_run.client)
+    )
+    return ChapterClaims(figures, claims.check(module.CLAIMS, figures))
+
+
 @pytest.fixture(scope="session")
 def wave(background: Background) -> dict:
     return background.result("wave")
@@ -485,16 +482,15 @@ def stopped(wave: dict, stack: None) -> dict:
     """The wave's two stopped runs and what a user does with them, in order: `python -m grpolab runs`
     lists each store's; on SIGKILL's store `runs --reconcile` ends the dead run KILLED (beside a run of
     a live process and one of another host, planted to be left alone); then each is resumed (SIGTERM's
-    with the README's `--resume last`, SIGKILL's by its folder) in this process, with one thread as
-    the wave's labs trained. tests/test_run_endings.py reads the endings, tests/test_run_resume.py the
+    with the README's `--resume last`, SIGKILL's by its folder) as a lab process, as the wave's labs
+    trained. tests/test_run_endings.py reads the endings, tests/test_run_resume.py the
     resumes."""
     import mlflow
 
     from grpolab import tracking
 
-    from suite import load_lab_module, only_run, run_command, run_in_process
+    from suite import Ended, only_run, run_command
 
-    lab_module = load_lab_module(LAB_DIR)
     out: dict[str, dict] = {}
     for name in ("SIGTERM", "SIGKILL"):
         lab = wave["labs"][name]
@@ -525,7 +521,10 @@ def stopped(wave: dict, stack: None) -> dict:
         for run in planted.values():
             client.set_terminated(run.info.run_id)
         target = ["--resume", str(folder)] if name == "SIGKILL" else script_and_args(README_RESUME)[1]
-        result = run_in_process(lab_module, target, uri=uri, threads=1)
+        # A process of its own, as the run it is held against trained: like with like (a resume in this
+        # process would run kernels other tests compiled here first).
+        resumed = Lab(f"resume-{name}", LAB_DIR / "train.py", target, uri, lab.output)
+        result = Ended(resumed.wait(timeout=WAVE_TIMEOUT_S), resumed.stdout, resumed.stderr)
         out[name] = {
             "lab": lab,
             "code": wave["codes"][name],

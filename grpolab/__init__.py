@@ -6,7 +6,8 @@ training share the cards), prepare (device, card, sheet and prompts before anyth
 (the standby switch and Unsloth's allocator, before CUDA starts), session (`run_lab`: the MLflow run
 around the lesson), run (the lesson's `Run`). Beside it: device (which GPU, read through NVML),
 policy (loading through Unsloth), unsloth_trainer (Unsloth's generated GRPO trainer on both
-profiles), precision (bf16 / fp16 / fp32 as the model loaded), tiny_model (the CPU stand-in),
+profiles), precision (bf16 / fp16 / fp32 as the model loaded), numerics (the CPU profile's arithmetic,
+the same on every machine), tiny_model (the CPU stand-in and its shipped weights, `standins/`),
 rehearsal (the model's shape with random weights), probe (the memory sampler and phases), tensors
 (measuring the exact lines), vllm_ledger (vLLM's own start-up figures), meter (what a run measures
 while it trains), comparison (budget vs measured, table, chart), oom (recognising and logging
@@ -14,7 +15,8 @@ out-of-memory), endings (how a run ended: decided here, written by tracking), st
 checked first), tracking (MLflow), evaluate (held-out accuracy), doctor (what held learning back),
 run_result (a run's result file, for the process that started it), sweep (a grid of runs,
 chapter 2: a package, one module per job), arms (one chapter trained several ways in one process,
-each a nested run, chapter 4), chapters (another chapter's train.py as a module), atomic
+each a nested run, chapter 4), chapters (another chapter's train.py as a module), claims (what a
+chapter claims of its CPU run, read back), matrix (the claims on every seed and emulated machine), atomic
 (saving whole or not at all), paths and errors (one home each).
 
 `import grpolab` stays light: `Run` and `run_lab` are imported on first use.

@@ -80,13 +80,15 @@ def available() -> bool:
 
 
 def preload() -> None:
-    """Import what every lab imports, as a CPU lab does: the standby switch, then Unsloth, then the
-    rest; and let Unsloth generate its trainers (what every lab's policy load does first)."""
+    """Import what every lab imports, as a CPU lab does: the CPU's arithmetic pinned, the standby
+    switch, then Unsloth, then the rest; and let Unsloth generate its trainers (what every lab's policy
+    load does first)."""
     import importlib
 
-    from grpolab import console, cuda_env
+    from grpolab import console, cuda_env, numerics
 
     console.quiet_library_noise()
+    numerics.pin()  # before Unsloth computes anything: every child computes as a CPU lab does
     cuda_env.configure(False)  # a CPU lab's: standby needs vLLM
     for name in STACK:
         importlib.import_module(name)

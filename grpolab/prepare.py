@@ -34,6 +34,11 @@ def prepare(lab_dir: Path, args: argparse.Namespace, resume=None):
     )
     if resume is not None:
         profile = _resumed_profile(resume, args.profile, device.on_gpu)
+    if profile == "cpu":  # before torch computes anything: the same bits on every machine
+        from grpolab import numerics
+
+        numerics.pin()
+    if resume is not None:
         settings = resume.settings(lab_dir, overrides_from(args))
     else:
         settings = lab_settings(lab_dir, profile, overrides_from(args))
@@ -132,11 +137,14 @@ def rehearse(s: LabSettings, cannot: list[str], root: Path) -> LabSettings:
 
 
 def announce_cpu(s: LabSettings) -> None:
+    from grpolab import numerics
+
     print(
         "\n"
         "=== No CUDA GPU found: running the CPU stand-in of this lab ===\n"
         f"  model:   {s.model} (a tiny Qwen3 built offline: random weights, briefly warm-started; not Qwen3-4B)\n"
         f"  backend: {s.backend} (bitsandbytes 4-bit layers on CPU, generation by transformers, no vLLM)\n"
+        f"  arithmetic: {numerics.current().describe()}\n"
         "  The loop, the rewards, the tracking and the budget are the real ones;\n"
         "  the numbers (reward, memory, speed) are the tiny model's, not Qwen3-4B's.\n",
         flush=True,

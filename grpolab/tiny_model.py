@@ -18,6 +18,11 @@ holding a well-formed answer) in well under 1% of samples, too rarely for a grou
 success. Built once, then cached as an ordinary `save_pretrained` folder
 that Unsloth and transformers load like any model from the Hub, under a name that changes with the
 recipe, and under a lock so two first runs build it once.
+
+It is built under the CPU profile's pinned arithmetic (grpolab.numerics), so its bytes are the same on
+every machine and in every process, whichever builds `.cache/` first; `BOOK_SHA256` holds them, and a
+process that cannot compute the book's way (a CPU without AVX2, a notebook that computed before the
+pin) builds its own under another name and says so, never the book's.
 """
 
 from __future__ import annotations
@@ -29,10 +34,14 @@ import random
 import string
 from pathlib import Path
 
+from grpolab import numerics
 from grpolab.atomic import save_pretrained_atomically
-from grpolab.paths import CACHE_ROOT, REPO_ROOT
+from grpolab.paths import REPO_ROOT, cache_root
 
 CONFIG_PATH = REPO_ROOT / "budgets" / "models" / "tiny-qwen3.json"
+# The stand-ins' weights as the book built them, shipped so that every clone loads the same bytes
+# without building them (`python -m grpolab.tiny_model --check` rebuilds and compares).
+SHIPPED = Path(__file__).resolve().parent / "standins"
 BUILD_SEED = 0
 # The warm start: steps of next-token prediction, completions per step, AdamW's learning rate, the
 # share of completions inside <ans></ans>, and the training rows drawn from each task.
@@ -53,11 +62,12 @@ BOOK_TASKS = ("addition", "countdown", "sorting")
 OWN_TASK = {"rows": 1200, "steps": 250, "known": 0.5, "echo": 0.2}
 # Chapter 1's CPU profile (`small-addition`, sums of numbers in 0..19) gets its own recipe: every
 # answer right, rows drawn from the training split only (the held-out problems are never shown), a
-# fifth of them in the tag, 600 steps (about 40 s on 2 cores). Loaded as the lab loads it (4-bit), it
-# then works out the sums of held-out problems it never saw, 37 of 64 greedy, and never tags them
-# greedy (3 to 9 of 64 tagged when sampled at temperature 1; measured 2026-12-02): it knows its sums
-# and rarely reaches for the tag, as Qwen3-4B does before GRPO teaches it the tag.
-OWN_TASKS = {"small-addition": {"rows": 1200, "steps": 600, "known": 1.0, "echo": 0.0, "tagged": 0.2}}
+# fifth of them in the tag, 1200 steps. Then it works out the sums of held-out problems it never saw,
+# 58 of 64 greedy (the first integer it writes), and tags 2 of them: it knows its sums and rarely
+# reaches for the tag, as Qwen3-4B does before GRPO teaches it the tag. Measured 2026-12-03 under the
+# pinned arithmetic, by its steps: 600 25 of 64, 900 49, 1200 58; at 600 (the first recipe) chapter 1's
+# correctness climbed less than the book's +0.3 on every seed of five (0.17 to 0.29).
+OWN_TASKS = {"small-addition": {"rows": 1200, "steps": 1200, "known": 1.0, "echo": 0.0, "tagged": 0.2}}
 
 
 def own_recipe(task: str) -> dict:
@@ -218,6 +228,7 @@ def recipe_hash(task: str | None = None) -> str:
         "template": CHAT_TEMPLATE,
         "warm_start": WARM_START,
         "seed": BUILD_SEED,
+        "numerics": numerics.ENV,
         "tasks": {
             name: [get_task(name).system_prompt, get_task(name).worst_case_prompt()] for name in BOOK_TASKS
         },
@@ -236,33 +247,88 @@ def recipe_hash(task: str | None = None) -> str:
 
 def default_cache(task: str | None = None) -> Path:
     """Where the stand-in for a run on `task` is cached (the book's, for the book's tasks)."""
-    return CACHE_ROOT / f"tiny-qwen3-{recipe_hash(task)}"
+    return cache_root() / f"tiny-qwen3-{recipe_hash(task)}"
+
+
+def shipped_weights(task: str | None = None) -> Path:
+    """Where the repository ships the weights of the stand-in for `task` (`--ship` writes them)."""
+    return SHIPPED / f"tiny-qwen3-{recipe_hash(task)}.safetensors"
+
+
+def weights_sha256(path: Path) -> str:
+    """The sha256 of a stand-in folder's (or a weights file's) weights."""
+    path = Path(path)
+    return hashlib.sha256((path if path.is_file() else path / "model.safetensors").read_bytes()).hexdigest()
+
+
+def build(task: str | None = None, steps: int | None = None, start=None):
+    """The stand-in for `task` trained from its random start: (model, tokenizer). A task of its own
+    continues from the book's stand-in, `start` or else the cached one; `steps` shortens the warm start
+    (a test of the arithmetic, not the book's model)."""
+    numerics.pin()  # the book's arithmetic, whoever builds it
+    tokenizer = build_tokenizer()
+    if _own(task):
+        model = start if start is not None else _load(ensure_tiny_model())
+        warm_start(model, tokenizer, own_task_texts(tokenizer, task), steps or own_recipe(task)["steps"])
+        return model, tokenizer
+    model = build_model()
+    if model.config.vocab_size < len(tokenizer):
+        raise RuntimeError(f"tiny vocab {model.config.vocab_size} < tokenizer size {len(tokenizer)}")
+    warm_start(model, tokenizer, warm_start_texts(tokenizer), steps or WARM_START["steps"])
+    return model, tokenizer
 
 
 def ensure_tiny_model(path: Path | None = None, task: str | None = None) -> Path:
-    """Build and cache the tiny model and tokenizer at `path` unless already there.
+    """The tiny model and tokenizer at `path` (the cache, by default), made there unless already there:
+    from the shipped weights when the repository has them for this recipe, else built (minutes).
 
     The folder is written under a temporary name and renamed into place, so an interrupted build
     never leaves a half-written model that later runs would load; a file lock makes two processes
-    that start at once build it once.
+    that start at once make it once. A build in a process whose arithmetic is not the book's (a
+    notebook that computed before the pin, a CPU without AVX2) goes to a folder of its own, named so:
+    its bytes are not the book's and must not be taken for them.
     """
     path = Path(path) if path is not None else default_cache(task)
     if _complete(path):
         return path
+    shipped = shipped_weights(task)
+    if not shipped.exists():
+        pinned = numerics.pin()
+        if not pinned.pinned:
+            path = path.with_name(
+                f"{path.name}-{pinned.threads}t-{pinned.capability}-{pinned.mkl_branch}".lower()
+            )
+            if _complete(path):
+                return path
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.parent / f".{path.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if _complete(path):  # built by the process that held the lock before us
+        if _complete(path):  # made by the process that held the lock before us
             return path
-        if _own(task):  # the book's stand-in first (cached for chapters 1-3), then the task's rows
-            tokenizer, model = build_tokenizer(), _load(ensure_tiny_model())
-            warm_start(model, tokenizer, own_task_texts(tokenizer, task), own_recipe(task)["steps"])
+        if shipped.exists():
+            model, tokenizer = _from_shipped(shipped), build_tokenizer()
         else:
-            tokenizer, model = build_tokenizer(), build_model()
-            if model.config.vocab_size < len(tokenizer):
-                raise RuntimeError(f"tiny vocab {model.config.vocab_size} < tokenizer size {len(tokenizer)}")
-            warm_start(model, tokenizer, warm_start_texts(tokenizer), WARM_START["steps"])
-        return save_pretrained_atomically(model, tokenizer, path)
+            print(
+                f"Building the CPU stand-in {path.name} (no shipped weights for this recipe: minutes)",
+                flush=True,
+            )
+            model, tokenizer = build(task)
+        save_pretrained_atomically(model, tokenizer, path)
+        if shipped.exists() and weights_sha256(path) != weights_sha256(shipped):
+            raise RuntimeError(
+                f"{path} does not hold {shipped}'s bytes after saving them: delete {path} and rerun"
+            )
+        return path
+
+
+def _from_shipped(shipped: Path):
+    """The tiny Qwen3 with the shipped weights (its tied lm_head from the embedding, as saved)."""
+    from safetensors.torch import load_model
+
+    model = build_model()
+    load_model(model, str(shipped))
+    model.eval()
+    return model
 
 
 def _load(path: Path):
@@ -273,3 +339,51 @@ def _load(path: Path):
 
 def _complete(path: Path) -> bool:
     return (path / "config.json").exists() and (path / "tokenizer.json").exists()
+
+
+# --- the shipped weights: checked against a rebuild, and written when the recipe changes ------------
+STANDIN_TASKS = (None, "small-addition", "lastdigit")  # the book's, chapter 1's and 5's, chapter 4's
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m grpolab.tiny_model --check`: rebuild every stand-in the chapters use from its random
+    start (minutes) and compare its bytes with the shipped weights; `--ship` writes them instead (after
+    a change to the recipe, which changes their names)."""
+    import argparse
+    import tempfile
+
+    parser = argparse.ArgumentParser(prog="python -m grpolab.tiny_model", description=main.__doc__)
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--check", action="store_true", help="rebuild and compare with the shipped weights")
+    what.add_argument("--ship", action="store_true", help="rebuild and write the shipped weights")
+    args = parser.parse_args(argv)
+    print(f"arithmetic: {numerics.pin().describe()}", flush=True)
+    differ = 0
+    with tempfile.TemporaryDirectory() as folder:
+        built: dict[str | None, Path] = {}
+        for task in STANDIN_TASKS:
+            # A task's stand-in continues from the book's rebuilt here, not the cached one: the whole chain.
+            model, tokenizer = build(task, start=None if task is None else _load(built[None]))
+            built[task] = save_pretrained_atomically(model, tokenizer, Path(folder) / (task or "book"))
+            sha, shipped = weights_sha256(built[task]), shipped_weights(task)
+            if args.ship:
+                SHIPPED.mkdir(exist_ok=True)
+                shipped.write_bytes((built[task] / "model.safetensors").read_bytes())
+                print(f"{shipped.name}  {sha}  shipped ({task or 'the book'})", flush=True)
+                continue
+            same = shipped.exists() and weights_sha256(shipped) == sha
+            differ += not same
+            verdict = (
+                "the shipped bytes"
+                if same
+                else f"DIFFERS from {shipped.name if shipped.exists() else 'nothing shipped'}"
+            )
+            print(f"{shipped.name}  {sha}  {verdict} ({task or 'the book'})", flush=True)
+    if args.ship:
+        for stale in set(SHIPPED.glob("*.safetensors")) - {shipped_weights(t) for t in STANDIN_TASKS}:
+            stale.unlink()
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

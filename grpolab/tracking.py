@@ -303,6 +303,8 @@ def log_context(settings, device, card_note: str, cuda=None, resumed: bool = Fal
     its environment and device are this process's."""
     import mlflow
 
+    from grpolab import numerics
+
     if not resumed:
         mlflow.log_params(settings.as_params())
     mlflow.set_tags(
@@ -311,6 +313,7 @@ def log_context(settings, device, card_note: str, cuda=None, resumed: bool = Fal
             **library_versions(),
             **device.tags(),
             **(cuda.tags() if cuda is not None else {}),
+            **(numerics.current().tags() if not device.on_gpu else {}),
             "budget_card": card_note,
             "overridden": ",".join(sorted(settings.overridden)) or "none",
         }
@@ -376,6 +379,14 @@ def log_sheet(sheet, on_gpu: bool, step: int = 0, suffix: str = "") -> None:
     mlflow.set_tags({"budget_fits": str(sheet.fits), "memory_unit": unit})
     mlflow.log_text(sheet.table(), f"budget/sheet{suffix}.txt")
     mlflow.log_dict(sheet.to_dict(), f"budget/sheet{suffix}.json")
+
+
+def log_findings(findings) -> None:
+    """The run doctor's findings by name (`doctor_findings`: "none", or "kl_climbing,reward_hacking"), for
+    a search over runs and for the chapters' claims; the verdict itself opens the description."""
+    import mlflow
+
+    mlflow.set_tag("doctor_findings", ",".join(f.name for f in findings) or "none")
 
 
 def log_comparison(

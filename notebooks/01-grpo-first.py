@@ -39,6 +39,10 @@ spec.loader.exec_module(lab)
 from grpolab.device import detect
 
 profile = "gpu" if detect().on_gpu else "cpu"
+if profile == "cpu":  # before torch computes anything: the CPU's arithmetic as the lab pins it
+    from grpolab import numerics
+
+    numerics.pin()
 if profile == "cpu":
     print("No CUDA GPU found: this notebook runs the lab's CPU profile, a tiny Qwen3 stand-in on the CPU.")
     print("The loop, rewards, budget and tracking are the real ones; the numbers are not Qwen3-4B's.")

@@ -44,6 +44,10 @@ spec.loader.exec_module(lab)
 import torch
 
 profile = "gpu" if torch.cuda.is_available() else "cpu"
+if profile == "cpu":  # before torch computes anything: the CPU's arithmetic as the lab pins it
+    from grpolab import numerics
+
+    numerics.pin()
 if profile == "cpu":
     print("No CUDA GPU found: the sweep below runs the lab's CPU profile, the tiny random Qwen3 on the CPU.")
     print(

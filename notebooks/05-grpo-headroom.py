@@ -42,6 +42,10 @@ spec.loader.exec_module(lab)
 import torch
 
 profile = "gpu" if torch.cuda.is_available() else "cpu"
+if profile == "cpu":  # before torch computes anything: the CPU's arithmetic as the lab pins it
+    from grpolab import numerics
+
+    numerics.pin()
 if profile == "cpu":
     print(
         "No CUDA GPU found: this notebook reads the CPU profile's arms (the tiny stand-in on a small host)."
