@@ -411,4 +411,6 @@ def _log_measurement(run: Run, status: str, doctor: str = "", ending: str = "fin
         ledger = meter.vllm_ledger()
         extra |= ledger.metrics() if ledger is not None else {}
     tracking.log_comparison(c, figure, extra, MEMORY_LABELS, note, run.device.on_gpu, step=run.measure_step)
+    if doctor:  # the doctor read this run (an out-of-memory ends before it can)
+        tracking.log_findings(run.findings)
     run_result.write(run, status, c, ending=ending)

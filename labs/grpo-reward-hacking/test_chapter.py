@@ -1,9 +1,9 @@
 """Chapter 4 on CPU: the README's command, run once (conftest.py: `chapter_run`), read back.
 
-What the issue's "done when" asks of the runs: every arm nested under the chapter's run and finished;
-the honest arm's held-out accuracy up; the loose arm paid more while its held-out exact accuracy is
-flat or down; the doctor's reward-hacking finding on the loose arm and none on the exact arm; KL per
-arm of the beta sweep; and the parent run carrying the verdict, the chart and the completions.
+Every arm nested under the chapter's run and finished; the chapter's claims (claims.py beside this
+file: the honest arm learns, the loose arms hack and the doctor names it, a tighter leash lets less
+through), which the matrix checks on every seed; KL per arm of the beta sweep; and the parent run
+carrying the verdict, the chart and the completions.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ import json
 from pathlib import Path
 
 import pytest
-
-from grpolab.doctor import quarters
 
 from suite import load_lab_module
 
@@ -54,30 +52,19 @@ def test_every_arm_ran_nested_under_the_chapters_run(cpu_hacking, lab):
     assert {r.data.params["beta"] for r in children.values()} >= {"0.0", "0.02", "0.2"}
 
 
-def test_the_honest_arm_learns_the_answer(cpu_hacking):
-    exact = cpu_hacking["arms"]["exact"]
-    held = exact["held_out"]
-    assert held["adapter"]["accuracy"] > held["base"]["accuracy"] + 0.1, held
-    first, *_, last = quarters(exact["paid"])
-    assert last > first, exact["paid"]
+def test_the_books_claims_hold_the_honest_reward_learns_and_the_loose_one_hacks(chapter_claims):
+    """labs/grpo-reward-hacking/claims.py, which the matrix checks on every seed: the exact arm's held-out
+    accuracy rises and the doctor names nothing on it; the loose arms are paid more while held-out
+    accuracy falls, the trick generalises to held-out prompts, and the doctor names reward_hacking;
+    ten times the book's beta lets less of it through. Held-out figures in prompts (of 64)."""
+    print({k: round(v, 3) for k, v in chapter_claims.figures.items()})
+    assert chapter_claims.failures == [], chapter_claims.failures
 
 
-def test_the_loose_arm_is_paid_more_while_the_task_is_not_learned(cpu_hacking):
+def test_the_doctor_says_where_the_hack_began_and_which_reward_paid_it(cpu_hacking):
     loose = cpu_hacking["arms"]["loose"]
-    first, *_, last = quarters(loose["paid"])
-    assert last > first + 0.2, loose["paid"]
-    held = loose["held_out"]
-    assert held["adapter"]["accuracy"] <= held["base"]["accuracy"] + 0.05, held
-    # Held out, the loose checker pays the adapter more than the exact reward does: the trick generalises.
-    assert held["adapter"]["rewards"]["contains_answer_reward"] > held["adapter"]["accuracy"] + 0.2, held
-
-
-def test_the_doctor_names_the_hack_on_the_loose_arm_and_not_on_the_exact_arm(cpu_hacking):
-    arms = cpu_hacking["arms"]
-    assert "reward_hacking" in arms["loose"]["finding_names"], arms["loose"]["findings"]
-    hack = next(f for f in arms["loose"]["findings"] if f.startswith("reward_hacking"))
+    hack = next(f for f in loose["findings"] if f.startswith("reward_hacking"))
     assert "from step" in hack and "contains_answer_reward" in hack
-    assert "reward_hacking" not in arms["exact"]["finding_names"], arms["exact"]["findings"]
 
 
 def test_the_beta_sweep_logs_kl_per_arm(cpu_hacking):
@@ -94,16 +81,6 @@ def test_the_beta_sweep_logs_kl_per_arm(cpu_hacking):
         "loose-beta0": 0.0,
         "loose-beta0.2": 0.2,
     }
-
-
-def test_a_tighter_leash_lets_less_of_the_hack_through(cpu_hacking):
-    """Under the same loose reward, beta 0.2 keeps the policy nearer its start than the book's 0.02:
-    less drift in the last quarter, less paid by the hack, more of the held-out accuracy kept."""
-    book, tight = cpu_hacking["arms"]["loose"], cpu_hacking["arms"]["loose-beta0.2"]
-    assert quarters(tight["kl"])[3] < quarters(book["kl"])[3], (tight["kl"], book["kl"])
-    assert quarters(tight["paid"])[3] < quarters(book["paid"])[3], (tight["paid"], book["paid"])
-    kept = tight["held_out"]["adapter"]["accuracy"]
-    assert kept > book["held_out"]["adapter"]["accuracy"] + 0.1, (tight["held_out"], book["held_out"])
 
 
 def test_the_chapters_run_carries_the_verdict_the_chart_and_the_completions(cpu_hacking):

@@ -306,6 +306,14 @@ def test_the_parent_holds_the_grids_chart_table_and_verdict(cpu_sweep):
 
 
 @pytest.mark.slow
+def test_the_books_claims_hold_the_cells_fit_or_are_refused_as_the_sheet_says(chapter_claims):
+    """claims.py beside this file, which the matrix checks on every seed: every cell the sheet lets
+    through finishes under the CPU host's cap, and the edge it refuses runs out of memory run anyway."""
+    print({k: round(v, 3) for k, v in chapter_claims.figures.items()})
+    assert chapter_claims.failures == [], chapter_claims.failures
+
+
+@pytest.mark.slow
 def test_the_edge_is_refused_by_the_sheet_and_runs_out_of_memory_when_run_anyway(cpu_sweep):
     parent, client = cpu_sweep["parent"], cpu_sweep["client"]
     (edge,) = [c for c in cpu_sweep["cells"]["cells"] if c["edge"]]
