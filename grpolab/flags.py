@@ -39,7 +39,7 @@ def parser(description: str) -> argparse.ArgumentParser:
         "--memory-cap-gib",
         type=float,
         help="let memory grow by at most this much after loading (GPU: torch's allocator beyond what it "
-        "holds; CPU: address space), to rehearse an out-of-memory",
+        "holds; CPU: the memory it writes to, RLIMIT_DATA), to rehearse an out-of-memory",
     )
     run.add_argument(
         "--parent-run-id",

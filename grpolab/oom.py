@@ -25,7 +25,7 @@ OVER_BUDGET = 0.05  # a measured line more than 5% over its budget line counts a
 
 def is_out_of_memory(error: BaseException) -> bool:
     """torch's CUDA OOM, Python's MemoryError, torch's CPU allocator refusing an allocation, or
-    oneDNN failing to build a kernel under an address-space limit; in `error` or in what caused it
+    oneDNN failing to build a kernel under a memory limit; in `error` or in what caused it
     (torch.compile wraps a MemoryError in its own InternalTorchDynamoError)."""
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
@@ -47,13 +47,16 @@ def _is_out_of_memory(error: BaseException) -> bool:
     if "can't allocate memory" in text or "not enough memory" in text or "out of memory" in text:
         return True
     # oneDNN reports a failed allocation for its JIT kernel only as "could not create a primitive".
-    # Without an address-space limit Linux overcommits and the OOM killer ends the process instead,
-    # so under a limit (--memory-cap-gib, a container's ulimit -v) that message means memory.
-    return "could not create a primitive" in text and _address_space_limited()
+    # Without a memory limit Linux overcommits and the OOM killer ends the process instead, so under
+    # a limit (--memory-cap-gib's data limit, a container's ulimit -v or -d) that message means memory.
+    return "could not create a primitive" in text and _memory_limited()
 
 
-def _address_space_limited() -> bool:
-    return resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
+def _memory_limited() -> bool:
+    return any(
+        resource.getrlimit(limit)[0] != resource.RLIM_INFINITY
+        for limit in (resource.RLIMIT_AS, resource.RLIMIT_DATA)
+    )
 
 
 def blame(phase: str, rel_errors: dict[str, float], budget_lines: Collection[str]) -> str:

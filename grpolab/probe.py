@@ -8,6 +8,8 @@ samples the resident set. What each figure counts is in MEMORY_LABELS, logged be
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
 import resource
 import threading
 import time
@@ -15,8 +17,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from budgets.units import GIB
+from budgets.units import GIB, MIB
 from grpolab.device import Device
+
+_M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h): the most heap arenas the process may have
+CAPPED_THREAD_STACK = 1 * MIB  # a thread's stack under the cap (glibc's default is 8 MiB)
 
 
 @dataclass
@@ -38,6 +43,7 @@ class Sampler:
     interval_s: float
     peak: int = 0
     window_peak: int = 0
+    samples: int = 0  # how many it has taken
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -54,6 +60,7 @@ class Sampler:
         value = self.read()
         self.peak = max(self.peak, value)
         self.window_peak = max(self.window_peak, value)
+        self.samples += 1
         return value
 
     def take_window(self) -> int:
@@ -86,7 +93,7 @@ class MemoryProbe:
         self._sampler = Sampler(self._read, interval_s)
         self._started = False
         self._peak_resets: dict[tuple[object, str], Callable] = {}  # torch's resets, while guarded
-        self._uncapped: tuple[int, int] | None = None  # the address-space limit before `cap`
+        self._uncapped: tuple[int, int] | None = None  # the data limit before `cap`
 
     def _read(self) -> int:
         if not self.on_gpu:
@@ -157,8 +164,17 @@ class MemoryProbe:
         """Let memory grow by at most `gib` beyond what is held now, to rehearse an out-of-memory.
 
         GPU: torch's allocator refuses beyond what it has reserved (vLLM's share included: its
-        weights and KV cache are torch tensors) plus the cap. CPU: the address space may grow only
-        `gib` beyond what it is now.
+        weights and KV cache are torch tensors) plus the cap. CPU: the memory the process can write
+        to (RLIMIT_DATA: its heap and private mappings) may grow only `gib` beyond what it is now.
+
+        Not the address space (RLIMIT_AS): glibc reserves 64 MiB of it for each new thread's heap
+        arena, up to eight per core, and 8 MiB for each thread's stack, and the threads a run starts
+        once the model is loaded (MLflow's exporters: nine, measured 2026-12-03) took 741 MiB of
+        address space for 96 MiB of resident memory, more on a machine with more cores; a cap of a
+        few hundred MiB left MLflow's exporter unable to start a thread, and the run hung at its end.
+        So from here no new arena (the threads share the existing ones), threads start with 1 MiB
+        stacks, and the tokenizer starts no thread pool of its own: what the cap meets is what the
+        step holds, on any machine.
         """
         if self.on_gpu:
             import torch
@@ -167,24 +183,24 @@ class MemoryProbe:
             limit = torch.cuda.memory_reserved() + gib * GIB
             torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total))
         else:
-            import psutil
-
             # Unsloth's trainer compiles its loss at the first step, and torch.compile then loads z3
             # (torch.fx's validator) on first use: a shared library mapped under the cap fails, and z3
             # reports that as "libz3.so not found". Load it now: the cap is for what the step holds.
             with contextlib.suppress(Exception):
                 import torch.fx.experimental.validator
             # Nor may torch.compile run under the cap: it compiles the step's functions the first time
-            # they run, and an address-space limit that binds inside its compiler raises MemoryError
-            # there, whose context chain (CPython reuses MemoryError objects) can loop contextlib's
-            # exit forever: a fresh clone's suite once hung so. The capped step runs eagerly.
+            # they run, and a limit that binds inside its compiler raises MemoryError there, whose
+            # context chain (CPython reuses MemoryError objects) can loop contextlib's exit forever: a
+            # fresh clone's suite once hung so. The capped step runs eagerly.
             import torch._dynamo
 
             torch._dynamo.config.disable = True
-
-            limit = psutil.Process().memory_info().vms + int(gib * GIB)
-            self._uncapped = resource.getrlimit(resource.RLIMIT_AS)
-            resource.setrlimit(resource.RLIMIT_AS, (limit, self._uncapped[1]))
+            ctypes.CDLL(None).mallopt(_M_ARENA_MAX, 1)
+            threading.stack_size(CAPPED_THREAD_STACK)
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"
+            limit = _data_bytes() + int(gib * GIB)
+            self._uncapped = resource.getrlimit(resource.RLIMIT_DATA)
+            resource.setrlimit(resource.RLIMIT_DATA, (limit, self._uncapped[1]))
 
     def uncap(self) -> None:
         """Lift the rehearsal's cap once it has done its job (the run ran out of memory): recording how
@@ -192,7 +208,7 @@ class MemoryProbe:
         failed step's memory by then; a capped one has not always, depending on where the allocator
         keeps what was freed."""
         if self._uncapped is not None:
-            resource.setrlimit(resource.RLIMIT_AS, self._uncapped)
+            resource.setrlimit(resource.RLIMIT_DATA, self._uncapped)
             self._uncapped = None
 
     # --- phases ---------------------------------------------------------------------------------
@@ -296,6 +312,13 @@ MEMORY_LABELS = {
         "(cuda_graph_gib from its log when it captured graphs, else its profiled estimate)."
     ),
 }
+
+
+def _data_bytes() -> int:
+    """What RLIMIT_DATA counts (the kernel's VmData): the heap and every private writable mapping."""
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmData:"))
+    return int(line.split()[1]) * 1024
 
 
 def _rss_bytes() -> int:

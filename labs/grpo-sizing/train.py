@@ -37,8 +37,8 @@ sweep sizes its grid against a small host of its own: what the sheet says the pr
 model is loaded (the Python runtime, its kernel caches, the weights) plus --memory-cap-gib for the
 lines the knobs move (activations, logits, the adapter's gradients and optimizer states, the KV
 cache of transformers' generate). The first cell whose step needs more is refused; run anyway, it
-gets the same --memory-cap-gib, which lets its address space grow that much after loading and no
-more. There is no vLLM on a CPU: no KV-cache rollouts to read, and the generation estimate (a GPU's
+gets the same --memory-cap-gib, which lets the memory it writes to grow that much after loading and
+no more. There is no vLLM on a CPU: no KV-cache rollouts to read, and the generation estimate (a GPU's
 memory-bandwidth roofline) says little about a tiny model's decoding.
 
 Standby (Unsloth's UNSLOTH_VLLM_STANDBY) is a flag like any setting, passed on to every cell: on a
