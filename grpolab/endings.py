@@ -127,6 +127,10 @@ def _restore(previous: dict) -> None:
         signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
 
+SHOW_PHASES_ENV = "GRPOLAB_SHOW_PHASES"
+PHASE_PREFIX = "phase: "
+
+
 class Stops:
     """Where a lab's SIGINT, SIGTERM and SIGHUP land: recorded when they arrive, acted on where the
     harness says (`check`), never raised into code the harness does not own.
@@ -175,8 +179,12 @@ class Stops:
         self.now(doing, until)
 
     def now(self, doing: str, until: str = "") -> None:
-        """What the process is doing from here, acting on nothing (a run has just ended)."""
+        """What the process is doing from here, acting on nothing (a run has just ended). With
+        GRPOLAB_SHOW_PHASES=1 each phase is printed as it begins (`phase: the model's load`): where a
+        run spends its time, and where a test lands a signal whatever the machine's speed."""
         self.doing, self.until = doing, until
+        if os.environ.get(SHOW_PHASES_ENV) == "1":
+            print(f"{PHASE_PREFIX}{doing}", flush=True)
 
     @contextmanager
     def phase(self, doing: str, until: str = "") -> Iterator[None]:

@@ -29,6 +29,8 @@ from typing import Any
 
 import pytest
 
+from grpolab.console import STEP_PREFIX
+from grpolab.endings import PHASE_PREFIX
 from grpolab.paths import REPO_ROOT
 
 README = REPO_ROOT / "README.md"
@@ -231,6 +233,7 @@ class Lab:
         folder: Path,
         on_line: Callable[[Lab, str], None] | None = None,
         threads: int = 1,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.name, self.folder, self.uri = name, folder, uri
         self.output: Path | None = None  # its --output-dir, where the caller knows it
@@ -239,7 +242,12 @@ class Lab:
         self.on_line = on_line
         folder.mkdir(parents=True, exist_ok=True)
         self.stderr_path = folder / f"{name}.stderr"
-        env = {"MLFLOW_TRACKING_URI": uri, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads)}
+        env = {
+            "MLFLOW_TRACKING_URI": uri,
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": str(threads),
+            **(env or {}),
+        }
         env["PYTHONFAULTHANDLER"] = "1"  # a crash (SIGSEGV) prints every thread's stack to its stderr
         self.started = time.perf_counter()
         self.seconds: float | None = None
@@ -322,6 +330,26 @@ README_FLAGS = [
     "--learning-rate",
     "2e-2",
 ]
+# A stop is never lost: chapter 1's lab, short, stopped at each phase and step it reports -------
+STOP_RUN = ["--max-steps", "3", "--eval-prompts", "8"]  # every phase, in seconds from a fork
+# The lab prints each phase as it begins (GRPOLAB_SHOW_PHASES) and a line per step: a signal is sent
+# the moment a marker is read, so a machine twice as fast or as slow is stopped in the same places.
+# The last marker is the lab's last line: a signal then lands as Python shuts down.
+LAST_LINE = "Open it: "
+# SIGINT and SIGHUP at three of them each: a phase no step reaches, a step, and the shutdown.
+OTHER_SIGNALS_AT = ("phase: the model's load", f"{STEP_PREFIX}1/", LAST_LINE)
+
+
+def markers(lines: list[str]) -> list[str]:
+    """What a lab reported, as markers a signal can be sent at: each phase, each step, its last line."""
+    found = [
+        ln.rstrip("\n") if ln.startswith(PHASE_PREFIX) else ln.split("/")[0] + "/"  # "step 2/"
+        for ln in lines
+        if ln.startswith((PHASE_PREFIX, STEP_PREFIX))
+    ]
+    return [*found, LAST_LINE]
+
+
 STEPS_BEFORE_SIGNAL = 2
 WAVE_TIMEOUT_S = 1800
 SIGNALLED = {"SIGTERM": signal.SIGTERM, "SIGHUP": signal.SIGHUP, "SIGKILL": signal.SIGKILL}
@@ -351,8 +379,9 @@ README_COUNTDOWN = "uv run python labs/grpo-first/train.py --task countdown"
 
 # --- a lab in this process ------------------------------------------------------------------------
 @dataclass
-class InProcess:
-    """What `lab.main(argv)` did in this process: its exit code and what it printed."""
+class Ended:
+    """How a lab ended: its exit code and what it printed (`lab.main(argv)` in this process, or a lab
+    process of its own)."""
 
     code: int
     stdout: str
@@ -393,7 +422,7 @@ def run_in_process(lab_module, argv: Sequence[str], uri: str | None = None, thre
             else:
                 os.environ["MLFLOW_TRACKING_URI"] = saved_uri
             tracking.use_store()
-    return InProcess(code, out.getvalue(), err.getvalue())
+    return Ended(code, out.getvalue(), err.getvalue())
 
 
 class FileSizeLimit:

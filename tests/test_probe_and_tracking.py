@@ -20,14 +20,24 @@ from grpolab.tensors import model_bytes_by_kind, optimizer_state_bytes, quant_st
 CPU = Device("cpu")
 
 
+def held_for_samples(probe: MemoryProbe, samples: int = 2, timeout_s: float = 60) -> None:
+    """Wait until the probe's thread has sampled `samples` times: a peak that lasts that long is one it
+    must catch, however busy the machine (on a loaded one, 50 ms can pass between two samples)."""
+    sampler = probe._sampler
+    wanted, deadline = sampler.samples + samples, time.monotonic() + timeout_s
+    while sampler.samples < wanted and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert sampler.samples >= wanted, "the probe's thread never sampled"
+
+
 def test_probe_catches_a_short_peak_inside_its_phase():
     probe = MemoryProbe(CPU, interval_s=0.002).start()
     try:
         with probe.phase("idle") as idle:
-            time.sleep(0.05)
+            held_for_samples(probe)
         with probe.phase("spike") as spike:
             block = torch.ones(64 * 1024 * 1024 // 4)  # 64 MiB, touched so it is resident
-            time.sleep(0.05)
+            held_for_samples(probe)  # a spike two samples long: gone before the phase's own read
             del block
         assert spike.process_bytes - idle.process_bytes > 48 * 1024**2
         assert [p.name for p in probe.phases] == ["idle", "spike"]
@@ -42,7 +52,7 @@ def test_nested_phases_credit_the_peak_to_both_and_remember_the_failing_phase():
         with pytest.raises(RuntimeError), probe.phase("train") as outer:
             with probe.phase("train_step", keep=False) as inner:
                 block = torch.ones(32 * 1024 * 1024 // 4)
-                time.sleep(0.03)
+                held_for_samples(probe)
                 del block
             raise RuntimeError("boom")
         assert outer.process_bytes >= inner.process_bytes > 0

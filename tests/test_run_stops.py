@@ -6,16 +6,16 @@ an exception thrown into foreign code can be swallowed (Unsloth's lazy imports c
 SIGTERM during the model's load once let a run train to the end, FINISHED).
 
 The slow tests read one background sweep (conftest.py `run_stops`): chapter 1's lab, short (3 steps,
-8 held-out prompts), run once to measure its span, then once per whole second of that span stopped
-by SIGTERM (at 16 points evenly over it where the suite's load stretches it past 16 s), and at three
-points each by SIGINT and SIGHUP, each a real process forked from the
-suite's preloaded parent (so the imports themselves are the parent's: a fresh lab signalled during
-them dies of the signal, Python's default, with nothing written either).
+8 held-out prompts), run once printing each phase as it begins (GRPOLAB_SHOW_PHASES) and a line per
+step; then once per phase and step it reported, each stopped by SIGTERM the moment it reports that
+marker, and at three markers each by SIGINT and SIGHUP. Signals follow the lab, not the clock: a
+machine twice as fast or twice as slow is stopped in the same places. Each lab is a real process
+forked from the suite's preloaded parent (so the imports themselves are the parent's: a fresh lab
+signalled during them dies of the signal, Python's default, with nothing written either).
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
 import signal
@@ -24,8 +24,10 @@ import time
 import pytest
 
 from grpolab import endings, tracking
+from grpolab.console import STEP_PREFIX
+from grpolab.endings import PHASE_PREFIX
 
-from suite import cpu_only
+from suite import LAST_LINE, OTHER_SIGNALS_AT, cpu_only
 
 ON_CPU = cpu_only("runs the CPU profile; on a GPU the same command runs Qwen3-4B")
 PHASE = re.compile(r" during (.+?)(?:, at step \d+ of \d+|, before training started)?\.")
@@ -95,24 +97,39 @@ def test_a_stop_during_the_run_ends_it_killed_naming_the_phase(tmp_path, monkeyp
     )
 
 
-# --- the sweep: real lab processes, stopped at every whole second ------------------------------------
+# --- the sweep: real lab processes, stopped at each phase and step they report ----------------------
 def sent(stops: dict) -> list:
     return [case for case in stops["stopped"] if case.sent]
 
 
+def named_phase(run) -> str | None:
+    found = PHASE.search(run.data.tags.get("mlflow.note.content", ""))
+    return found.group(1) if found else None
+
+
+def in_teardown(case) -> bool:
+    """Sent at the lab's last line: the run had ended and the lab was returning, or Python was
+    shutting down (the handlers are Python's own again: the signal ends the process as it would any)."""
+    return case.marker == LAST_LINE
+
+
 @pytest.mark.slow
 @ON_CPU
-def test_the_reference_run_finishes_and_spans_the_sweep(stops):
+def test_the_reference_run_finishes_and_reports_every_phase_and_step(stops):
     reference = stops["reference"]
     assert reference.code == 0, reference.lab.log()
     assert [r.info.status for r in reference.runs] == ["FINISHED"]
-    terms = sorted((c for c in stops["stopped"] if c.signum == signal.SIGTERM), key=lambda c: c.offset)
-    covered = [c.offset for c in terms]
-    # Every whole second of its span, or 16 points evenly over it (conftest.py: STOP_POINTS), until a
-    # lab ends before its signal is due (later ones would too: the sweep stops there).
-    assert covered[0] == 0 and len(covered) >= 4, covered
-    assert max(b - a for a, b in itertools.pairwise(covered)) <= max(1.0, reference.span / 15 + 0.1)
-    assert terms[-1].offset >= reference.span * 0.95 or not terms[-1].sent or not terms[-2].sent, covered
+    phases = [m.removeprefix(PHASE_PREFIX) for m in stops["markers"] if m.startswith(PHASE_PREFIX)]
+    assert phases[0].startswith("the run's preparation") and phases[-1] == endings.AFTER_THE_RUN, phases
+    for phase in (
+        "the MLflow run's start",
+        "the base's held-out evaluation",
+        "training",
+        "saving the adapter",
+    ):
+        assert phase in phases, phases
+    assert [m for m in stops["markers"] if m.startswith(STEP_PREFIX)] == ["step 1/", "step 2/", "step 3/"]
+    assert len(stops["stopped"]) == len(stops["markers"]) + 6  # SIGTERM at each, SIGINT and SIGHUP at three
 
 
 @pytest.mark.slow
@@ -120,18 +137,14 @@ def test_the_reference_run_finishes_and_spans_the_sweep(stops):
 def test_no_stop_is_lost_none_ends_finished_or_running(stops):
     """Every signal sent: exit 128 + the signal; one KILLED run naming its signal and phase, or no run
     and nothing written; FINISHED only where the run had ended before the signal came (it says so)."""
-    # The reference ran beside the suite's other labs: a lab of the sweep may end before its signal is
-    # due. Those finished whole; at most the last two SIGTERM points (two labs run at a time) did.
-    terms = [c for c in stops["stopped"] if c.signum == signal.SIGTERM]
-    assert len([c for c in terms if not c.sent]) <= 2, [(c.name, c.code, c.sent) for c in terms]
+    assert all(case.sent for case in stops["stopped"]), [c.name for c in stops["stopped"] if not c.sent]
     for case in stops["stopped"]:
-        if not case.sent:
-            assert case.code == 0 and [r.info.status for r in case.runs] == ["FINISHED"], case.lab.log()
-    for case in sent(stops):
-        log = f"{case.name}:\n{case.lab.log()}"
-        assert case.code == 128 + case.signum, log
+        log = f"{case.name} at {case.marker!r}:\n{case.lab.log()}"
         statuses = [r.info.status for r in case.runs]
         assert "RUNNING" not in statuses, log
+        if in_teardown(case):
+            continue  # its own test, below
+        assert case.code == 128 + case.signum, log
         if not case.runs:
             assert case.outputs == [], log
             assert "no MLflow run was opened, nothing written" in case.lab.stderr, log
@@ -150,18 +163,45 @@ def test_no_stop_is_lost_none_ends_finished_or_running(stops):
 
 @pytest.mark.slow
 @ON_CPU
-def test_the_sweep_stops_runs_in_each_phase_and_says_what_it_waits_for(stops):
-    phases = set()
-    for case in sent(stops):
-        for run in case.runs:
-            found = PHASE.search(run.data.tags.get("mlflow.note.content", ""))
-            if run.info.status == "KILLED" and found:
-                phases.add(found.group(1))
-    # A whole second apart, the sweep lands in most phases (a forked stand-in loads in under one;
-    # measured 2026-12-02: the run's start, the base's evaluation, training, the adapter's evaluation).
-    assert {"the base's held-out evaluation", "training"} <= phases and len(phases) >= 3, phases
+def test_each_stop_names_the_phase_it_was_sent_in_or_the_next(stops):
+    """A signal sent as a phase began is acted on at that phase's end: the run names that phase (or, for
+    a phase shorter than the signal's way from the test to the lab, one after it, never one before).
+    The long phases are named exactly, on any machine: the signal is sent by what the lab reports."""
+    order = [m.removeprefix(PHASE_PREFIX) for m in stops["markers"] if m.startswith(PHASE_PREFIX)]
+    exact = set()
+    for case in [c for c in sent(stops) if c.marker.startswith(PHASE_PREFIX) and c.runs]:
+        (run,) = case.runs
+        phase, named = case.marker.removeprefix(PHASE_PREFIX), named_phase(run)
+        if run.info.status == "FINISHED":
+            assert phase == endings.AFTER_THE_RUN, case.lab.log()
+            continue
+        assert named in order and order.index(named) >= order.index(phase), (phase, named)
+        exact |= {named} if named == phase else set()
+    assert {"the base's held-out evaluation", "training", "the adapter's held-out evaluation"} <= exact, exact
+    assert any(p.startswith("the model's load") for p in exact), exact
+    steps = [c for c in sent(stops) if c.marker.startswith(STEP_PREFIX) and c.signum == signal.SIGTERM]
+    for case in steps:
+        (run,) = case.runs
+        assert run.info.status == "KILLED" and named_phase(run) == "training", case.lab.log()
     told = [c for c in sent(stops) if " received during " in c.lab.stderr]
     assert told and all("again stops at once" in c.lab.stderr for c in told)
+
+
+@pytest.mark.slow
+@ON_CPU
+def test_a_signal_as_the_lab_shuts_down_leaves_its_run_finished_and_ends_it_as_the_signal_does(stops):
+    """After the lab's last line the run has ended, all saved. A signal still inside the lab exits
+    128 + the signal and says so; once Python shuts down, its own handler ends the process by the
+    signal, which a shell reports as the same 128 + the signal (README: how runs end)."""
+    cases = [c for c in stops["stopped"] if in_teardown(c)]
+    assert {c.signum for c in cases} == {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+    for case in cases:
+        (run,) = case.runs
+        assert run.info.status == "FINISHED", case.lab.log()
+        if case.code == 128 + case.signum:
+            assert "the run had ended, all saved" in case.lab.stderr, case.lab.log()
+        else:
+            assert case.code == -case.signum, case.lab.log()  # killed by it: the shell's 128 + N
 
 
 @pytest.mark.slow
@@ -169,8 +209,9 @@ def test_the_sweep_stops_runs_in_each_phase_and_says_what_it_waits_for(stops):
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP])
 def test_sigint_and_sighup_at_three_points_end_as_sigterm_does(stops, signum):
     cases = [c for c in stops["stopped"] if c.signum == signum]
-    assert len(cases) == 3
+    assert [c.marker for c in cases] == list(OTHER_SIGNALS_AT)
     for case in cases:
-        if case.sent:
+        assert case.sent, case.lab.log()
+        if not in_teardown(case):
             assert case.code == 128 + signum, case.lab.log()
-            assert all(r.info.status in ("KILLED", "FINISHED") for r in case.runs), case.lab.log()
+        assert all(r.info.status in ("KILLED", "FINISHED") for r in case.runs), case.lab.log()
