@@ -19,14 +19,14 @@ each a nested run, chapter 4), chapters (another chapter's train.py as a module)
 chapter claims of its CPU run, read back), matrix (the claims on every seed and emulated machine), atomic
 (saving whole or not at all), paths and errors (one home each).
 
-`import grpolab` stays light: `Run` and `run_lab` are imported on first use.
+`import grpolab` stays light: `Run`, `run_lab` and `exit_process` are imported on first use.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Run", "run_lab"]
+__all__ = ["Run", "exit_process", "run_lab"]
 
 
 def __getattr__(name: str) -> Any:
@@ -34,6 +34,10 @@ def __getattr__(name: str) -> Any:
         from grpolab.run import Run
 
         return Run
+    if name == "exit_process":
+        from grpolab.endings import exit_process
+
+        return exit_process
     if name == "run_lab":
         from grpolab.session import run_lab
 

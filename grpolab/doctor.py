@@ -265,6 +265,9 @@ def diagnose(
             )
         )
 
+    if "cut_before_the_tag" in {f.name for f in findings}:
+        # Completions cut to a few tokens have no room to differ: the cut is the culprit, not the sampling.
+        findings = [f for f in findings if f.name != "no_diversity"]
     findings += _proxy_hacking(rows, values, rewards, before, after)
     findings += _reward_never_pays(rows, logged)
     findings += _rollouts_not_from_policy(rows, values, advise)
@@ -308,14 +311,17 @@ def _no_diversity(rows: Sequence[dict[str, float]], values: Mapping[str, Any], a
     no completion beats its group and nothing is learned. Not a policy that converged (that comes late,
     after learning): the first quarter is read."""
     distinct, group = series(rows, "completions/distinct_share"), values.get("num_generations")
-    # A confident model samples the same answer often (the CPU stand-in writes 2 or 3 distinct ones of
-    # 16): that still teaches. A group that is one completion, repeated, cannot.
-    if not distinct or not isinstance(group, int) or quarters(distinct)[0] * group > NO_DIVERSITY:
+    # A confident model samples the same answer often (the CPU stand-in writes 1 to 6 distinct ones of
+    # 16, one group a step): that still teaches. A group that is one completion, repeated, cannot.
+    # The first quarter, and at least the first MIN_STEPS steps: a short run's first quarter is one
+    # or two groups, and one group of a confident model can be one completion by chance.
+    early = distinct[: max(len(distinct) // 4, MIN_STEPS)]
+    if not distinct or not isinstance(group, int) or statistics.fmean(early) * group > NO_DIVERSITY:
         return []
     return [
         Finding(
             "no_diversity",
-            f"in the first quarter a group of {group} held about {quarters(distinct)[0] * group:.1f} distinct "
+            f"in the first {len(early)} steps a group of {group} held about {statistics.fmean(early) * group:.1f} distinct "
             f"completions: one completion, repeated, so none could beat its group: the sampling temperature "
             f"{values.get('temperature')} leaves the group no spread to learn from: {advise(raise_('temperature'))}",
         )

@@ -29,6 +29,7 @@ and at the top of its description (`mlflow.note.content`):
 
 from __future__ import annotations
 
+import atexit
 import errno
 import os
 import re
@@ -42,7 +43,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from budgets.units import GIB, MIB
 from grpolab.errors import EXIT_BAD_INPUT
@@ -240,6 +241,31 @@ def exit_after(stop: BaseException, stops: Stops = STOPS) -> int:
     elif getattr(stop, "where", "") == f"during {AFTER_THE_RUN}":
         print(f"\n{stop_cause(stop)}: the run had ended, all saved", file=sys.stderr)
     return exit_code(stop)
+
+
+def exit_process(code: int) -> NoReturn:
+    """End an entry point's process with `code` once its run has ended: a signal from here to the last
+    instruction exits 128 + the signal, saying the run had ended (all saved). Left to Python's shutdown,
+    the same signal ends the process three ways by where it lands: SIGINT's KeyboardInterrupt in a
+    thread's join exits 1, another signal after the handlers are reset kills it (-N), and one between
+    the two is dropped (exit 0). The exit work of the libraries (their atexit handlers: MLflow's,
+    multiprocessing's) and their threads' ends still run; Python's teardown of its modules, which runs
+    no code of ours, is skipped (it takes seconds after torch)."""
+
+    def after_the_run(signum, frame) -> None:
+        code = exit_after(Interrupted(signal.Signals(signum), f"during {AFTER_THE_RUN}"))
+        sys.stderr.flush()
+        os._exit(code)
+
+    if _on_main_thread():
+        _install(after_the_run)
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 @contextmanager

@@ -469,6 +469,30 @@ def test_a_confident_model_that_samples_few_distinct_answers_still_has_diversity
     assert "no_diversity" not in names(diagnose(rows, {**VALUES, "num_generations": 16}, set(FLAGS)))
 
 
+def test_a_short_run_whose_first_group_was_one_completion_by_chance_has_diversity():
+    """Six steps of one group each: the first quarter is one group, and a confident model's one group
+    can be one answer repeated. The rule reads the first four steps at least (measured: the stand-in
+    writes 1 to 6 distinct of 16 a step at temperature 1, and 1 at 0.05)."""
+    per_step = [1, 3, 4, 3, 2, 4]
+    rows = [{**row, "completions/distinct_share": n / 16} for row, n in zip(history()[:6], per_step)]
+    assert "no_diversity" not in names(diagnose(rows, {**VALUES, "num_generations": 16}, set(FLAGS)))
+    cold = [{**row, "completions/distinct_share": 1 / 16} for row in rows]
+    assert "no_diversity" in names(diagnose(cold, {**VALUES, "num_generations": 16}, set(FLAGS)))
+
+
+def test_completions_cut_to_a_few_tokens_are_named_cut_not_short_of_diversity():
+    """Completions of two tokens cannot differ much: the cut is the culprit, named alone."""
+    rows = history(
+        **{
+            "completions/clipped_ratio": lambda t: 1.0,
+            "rewards/format_reward/mean": lambda t: 0.0,
+            "completions/distinct_share": lambda t: 1 / 16,
+        }
+    )
+    found = names(diagnose(rows, {**VALUES, "num_generations": 16}, set(FLAGS)))
+    assert "cut_before_the_tag" in found and "no_diversity" not in found
+
+
 def test_a_policy_that_converged_after_learning_is_not_short_of_diversity():
     """Groups that end alike because the policy learned the answer: late, with the reward up."""
     rows = history(**{"completions/distinct_share": lambda t: 0.9 if t < 0.6 else 0.1})

@@ -42,7 +42,6 @@ Usage:
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import grpolab
@@ -105,4 +104,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    grpolab.exit_process(main())
