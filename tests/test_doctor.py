@@ -474,7 +474,9 @@ def test_a_short_run_whose_first_group_was_one_completion_by_chance_has_diversit
     can be one answer repeated. The rule reads the first four steps at least (measured: the stand-in
     writes 1 to 6 distinct of 16 a step at temperature 1, and 1 at 0.05)."""
     per_step = [1, 3, 4, 3, 2, 4]
-    rows = [{**row, "completions/distinct_share": n / 16} for row, n in zip(history()[:6], per_step)]
+    rows = [
+        {**row, "completions/distinct_share": n / 16} for row, n in zip(history()[:6], per_step, strict=True)
+    ]
     assert "no_diversity" not in names(diagnose(rows, {**VALUES, "num_generations": 16}, set(FLAGS)))
     cold = [{**row, "completions/distinct_share": 1 / 16} for row in rows]
     assert "no_diversity" in names(diagnose(cold, {**VALUES, "num_generations": 16}, set(FLAGS)))
