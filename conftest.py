@@ -44,6 +44,7 @@ from suite import (
     OTHER_SIGNALS_AT,
     README_COUNTDOWN,
     README_FLAGS,
+    README_MATRIX_QUICK,
     README_RECONCILE,
     README_RESUME,
     README_RUNS,
@@ -54,6 +55,7 @@ from suite import (
     Lab,
     chapter_of,
     chapters,
+    fork_server,
     markers,
     script_and_args,
     signal_after_steps,
@@ -255,7 +257,7 @@ class Stopped:
 
 def run_stops(background: Background, _: str) -> dict:
     """The reference run, then one run stopped by SIGTERM at each marker it reported, and by SIGINT
-    and SIGHUP at three: two labs at a time, each on a store and folder of its own."""
+    and SIGHUP at two each: three labs at a time, each on a store and folder of its own."""
     import mlflow
 
     tmp = background.folder("stops")
@@ -290,15 +292,29 @@ def run_stops(background: Background, _: str) -> dict:
 
     reference = finish(start("reference"))
     cases = [(signal.SIGTERM, m) for m in markers(reference.lab.lines)]
-    cases += [(s, m) for s in (signal.SIGINT, signal.SIGHUP) for m in OTHER_SIGNALS_AT]
+    cases += [(s, m) for s, at in OTHER_SIGNALS_AT.items() for m in at]
     done: list[Stopped] = []
     running: list[Stopped] = []
     for i, (signum, marker) in enumerate(cases):
-        if len(running) == 2:
+        if len(running) == 3:
             done.append(finish(running.pop(0)))
         running.append(start(f"{signal.Signals(signum).name}-{i}", signum, marker))
     done.extend(finish(case) for case in running)
     return {"reference": reference, "stopped": done, "markers": markers(reference.lab.lines)}
+
+
+# --- the README's quick matrix: chapter 1 shortened, in a plain process and a forked one ---------------
+def run_matrix_quick(background: Background, _: str) -> dict:
+    """The README's command, its report written to a folder of the session's: its plain cell is a fresh
+    process that imports the stack itself, so it runs beside the rest, not in the tests' turn."""
+    from suite import run_command
+
+    out = background.folder("matrix-quick")
+    fork_server()  # the suite's, which the matrix forks its forked cell from
+    result = run_command(
+        README_MATRIX_QUICK.replace("outputs/matrix-quick", str(out)), timeout=WAVE_TIMEOUT_S
+    )
+    return {"result": result, "out": out}
 
 
 def _sqlite(folder: Path) -> str:
@@ -310,9 +326,16 @@ JOBS: dict[str, Callable[[Background, str], Any]] = {
     "wave": run_wave,
     "culprits": run_culprits,
     "stops": run_stops,
+    "matrix_quick": run_matrix_quick,
 }
 # Fixtures that read a background run, and the run each reads.
-BACKGROUND_FIXTURES = {"wave": "wave", "stopped": "wave", "culprits": "culprits", "stops": "stops"}
+BACKGROUND_FIXTURES = {
+    "wave": "wave",
+    "stopped": "wave",
+    "culprits": "culprits",
+    "stops": "stops",
+    "matrix_quick": "matrix_quick",
+}
 
 
 def _background_of(item: pytest.Item) -> list[str]:
@@ -386,7 +409,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 def _expected_order(key: str) -> tuple[int, str]:
     """Tests that read the quicker runs go first: the wave, then the chapters in the README's order."""
-    if key in ("wave", "culprits"):
+    if key in ("wave", "culprits", "matrix_quick"):
         return (0, key)
     names = [c.name for c in chapters()]
     name = key.partition(":")[2]
@@ -470,6 +493,11 @@ def wave(background: Background) -> dict:
 @pytest.fixture(scope="session")
 def culprits(background: Background) -> dict:
     return background.result("culprits")
+
+
+@pytest.fixture(scope="session")
+def matrix_quick(background: Background) -> dict:
+    return background.result("matrix_quick")
 
 
 @pytest.fixture(scope="session")

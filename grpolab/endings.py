@@ -29,7 +29,6 @@ and at the top of its description (`mlflow.note.content`):
 
 from __future__ import annotations
 
-import atexit
 import errno
 import os
 import re
@@ -244,28 +243,23 @@ def exit_after(stop: BaseException, stops: Stops = STOPS) -> int:
 
 
 def exit_process(code: int) -> NoReturn:
-    """End an entry point's process with `code` once its run has ended: a signal from here to the last
-    instruction exits 128 + the signal, saying the run had ended (all saved). Left to Python's shutdown,
-    the same signal ends the process three ways by where it lands: SIGINT's KeyboardInterrupt in a
-    thread's join exits 1, another signal after the handlers are reset kills it (-N), and one between
-    the two is dropped (exit 0). The exit work of the libraries (their atexit handlers: MLflow's,
-    multiprocessing's) and their threads' ends still run; Python's teardown of its modules, which runs
-    no code of ours, is skipped (it takes seconds after torch)."""
+    """End an entry point's process with `code` once its run has ended; from here a signal exits
+    128 + the signal, saying the run had ended (all saved). Left to Python's own handlers, the same
+    signal in the shutdown ended the process by where it landed: SIGINT's KeyboardInterrupt in a
+    thread's join exited 1, another signal killed it. The shutdown itself runs as Python runs it (the
+    libraries' atexit handlers, a profiler's report); only in its last instant, after Python has reset
+    the handlers, does a signal kill the process as it would any, which a shell reports as the same
+    128 + the signal."""
 
     def after_the_run(signum, frame) -> None:
         code = exit_after(Interrupted(signal.Signals(signum), f"during {AFTER_THE_RUN}"))
+        sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
 
     if _on_main_thread():
         _install(after_the_run)
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(code)
+    sys.exit(code)
 
 
 @contextmanager

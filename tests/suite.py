@@ -331,13 +331,17 @@ README_FLAGS = [
     "2e-2",
 ]
 # A stop is never lost: chapter 1's lab, short, stopped at each phase and step it reports -------
-STOP_RUN = ["--max-steps", "3", "--eval-prompts", "8"]  # every phase, in seconds from a fork
+STOP_RUN = ["--max-steps", "2", "--eval-prompts", "4"]  # every phase, and a step before another
 # The lab prints each phase as it begins (GRPOLAB_SHOW_PHASES) and a line per step: a signal is sent
 # the moment a marker is read, so a machine twice as fast or as slow is stopped in the same places.
-# The last marker is the lab's last line: a signal then lands as Python shuts down.
+# The last marker is the lab's last line: a signal then lands as the process ends.
 LAST_LINE = "Open it: "
-# SIGINT and SIGHUP at three of them each: a phase no step reaches, a step, and the shutdown.
-OTHER_SIGNALS_AT = ("phase: the model's load", f"{STEP_PREFIX}1/", LAST_LINE)
+# SIGINT and SIGHUP at two markers each: SIGINT in the model's load (Unsloth's lazy imports once
+# swallowed a KeyboardInterrupt there), SIGHUP at a step; each at the process's end.
+OTHER_SIGNALS_AT = {
+    signal.SIGINT: ("phase: the model's load", LAST_LINE),
+    signal.SIGHUP: (f"{STEP_PREFIX}1/", LAST_LINE),
+}
 
 
 def markers(lines: list[str]) -> list[str]:
@@ -372,6 +376,11 @@ def signal_after_steps(signum: int, steps: int = STEPS_BEFORE_SIGNAL):
 
 CULPRIT_STEPS = ["--max-steps", "6", "--eval-prompts", "0"]  # the run doctor reads a trend from 4 steps
 README_RUNS = "uv run python -m grpolab runs"
+README_MATRIX_PLAN = "uv run python -m grpolab.matrix --plan"
+README_MATRIX_QUICK = (
+    "uv run python -m grpolab.matrix --chapters grpo-first --seeds 0 --contexts forked "
+    '--lab-args "--max-steps 4 --eval-prompts 8" --no-claims --out outputs/matrix-quick'
+)
 README_RECONCILE = "uv run python -m grpolab runs --reconcile"
 README_RESUME = "uv run python labs/grpo-first/train.py --resume last"
 README_COUNTDOWN = "uv run python labs/grpo-first/train.py --task countdown"

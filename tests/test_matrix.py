@@ -12,13 +12,7 @@ import pytest
 
 from grpolab import claims, matrix
 
-from suite import cpu_only, fork_server, run_command
-
-README_MATRIX_PLAN = "uv run python -m grpolab.matrix --plan"
-README_MATRIX_QUICK = (
-    "uv run python -m grpolab.matrix --chapters grpo-first --seeds 0 --contexts forked "
-    '--lab-args "--max-steps 4 --eval-prompts 8" --no-claims --out outputs/matrix-quick'
-)
+from suite import README_MATRIX_PLAN, cpu_only, run_command
 
 
 @pytest.mark.slow
@@ -79,12 +73,12 @@ def test_contexts_that_compute_otherwise_are_reported():
 
 @pytest.mark.slow
 @cpu_only("runs the CPU profile's chapter 1 twice; on a GPU a cell would run Qwen3-4B")
-def test_the_readme_quick_matrix_a_plain_and_a_forked_process_compute_the_same(tmp_path):
+def test_the_readme_quick_matrix_a_plain_and_a_forked_process_compute_the_same(matrix_quick):
     """Chapter 1 shortened (4 steps, 8 held-out prompts), seed 0, in a fresh process and in one forked
     from the suite's parent (the matrix forks from it): the same stand-in bytes, the same adapter, the
-    same figures. A shortened run claims nothing: `--no-claims`."""
-    fork_server()  # the suite's, which the matrix connects to (its fresh process pays its own imports)
-    result = run_command(README_MATRIX_QUICK.replace("outputs/matrix-quick", str(tmp_path)), timeout=1800)
+    same figures. A shortened run claims nothing: `--no-claims`. Run in the background from the
+    collection on (conftest.py `run_matrix_quick`): its fresh processes import the stack themselves."""
+    result, tmp_path = matrix_quick["result"], matrix_quick["out"]
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     cells = {c["cell"]["context"]: c for c in json.loads((tmp_path / "matrix.json").read_text())}
     assert set(cells) == {"plain", "forked"}

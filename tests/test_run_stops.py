@@ -5,10 +5,10 @@ The harness records a signal where it arrives and acts on it at points it owns (
 an exception thrown into foreign code can be swallowed (Unsloth's lazy imports catch everything: a
 SIGTERM during the model's load once let a run train to the end, FINISHED).
 
-The slow tests read one background sweep (conftest.py `run_stops`): chapter 1's lab, short (3 steps,
-8 held-out prompts), run once printing each phase as it begins (GRPOLAB_SHOW_PHASES) and a line per
+The slow tests read one background sweep (conftest.py `run_stops`): chapter 1's lab, short (2 steps,
+4 held-out prompts), run once printing each phase as it begins (GRPOLAB_SHOW_PHASES) and a line per
 step; then once per phase and step it reported, each stopped by SIGTERM the moment it reports that
-marker, and at three markers each by SIGINT and SIGHUP. Signals follow the lab, not the clock: a
+marker, and at two markers each by SIGINT and SIGHUP. Signals follow the lab, not the clock: a
 machine twice as fast or twice as slow is stopped in the same places. Each lab is a real process
 forked from the suite's preloaded parent (so the imports themselves are the parent's: a fresh lab
 signalled during them dies of the signal, Python's default, with nothing written either).
@@ -127,8 +127,8 @@ def test_the_reference_run_finishes_and_reports_every_phase_and_step(stops):
         "saving the adapter",
     ):
         assert phase in phases, phases
-    assert [m for m in stops["markers"] if m.startswith(STEP_PREFIX)] == ["step 1/", "step 2/", "step 3/"]
-    assert len(stops["stopped"]) == len(stops["markers"]) + 6  # SIGTERM at each, SIGINT and SIGHUP at three
+    assert [m for m in stops["markers"] if m.startswith(STEP_PREFIX)] == ["step 1/", "step 2/"]
+    assert len(stops["stopped"]) == len(stops["markers"]) + 4  # SIGTERM at each, SIGINT and SIGHUP at two
 
 
 @pytest.mark.slow
@@ -141,6 +141,8 @@ def test_no_stop_is_lost_none_ends_finished_or_running(stops):
         log = f"{case.name} at {case.marker!r}:\n{case.lab.log()}"
         statuses = [r.info.status for r in case.runs]
         assert "RUNNING" not in statuses, log
+        if in_teardown(case) and case.code == -case.signum:
+            continue  # killed in the last instant of Python's shutdown: its own test, below
         assert case.code == 128 + case.signum, log
         if not case.runs:
             assert case.outputs == [], log
@@ -189,14 +191,17 @@ def test_each_stop_names_the_phase_it_was_sent_in_or_the_next(stops):
 @pytest.mark.slow
 @ON_CPU
 def test_a_signal_as_the_lab_ends_leaves_its_run_finished_and_exits_as_any_stop_does(stops):
-    """After the lab's last line the run has ended, all saved; the process ends itself
-    (grpolab.exit_process), so a signal there exits 128 + the signal and says so, as one during the
-    summary does, instead of ending by where it lands in Python's shutdown (1, -N or 0)."""
+    """After the lab's last line the run has ended, all saved; a signal as the process ends exits
+    128 + the signal and says so (grpolab.exit_process), or, in the last instant of Python's shutdown,
+    kills it (a shell's 128 + the signal: README, how runs end); never Python's KeyboardInterrupt in
+    the shutdown, which exited 1."""
     cases = [c for c in stops["stopped"] if in_teardown(c)]
     assert {c.signum for c in cases} == {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
     for case in cases:
         (run,) = case.runs
         assert run.info.status == "FINISHED", case.lab.log()
+        if case.code == -case.signum:
+            continue  # killed by it after Python reset its handlers
         assert case.code == 128 + case.signum, case.lab.log()
         assert "the run had ended, all saved" in case.lab.stderr, case.lab.log()
 
@@ -204,10 +209,12 @@ def test_a_signal_as_the_lab_ends_leaves_its_run_finished_and_exits_as_any_stop_
 @pytest.mark.slow
 @ON_CPU
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP])
-def test_sigint_and_sighup_at_three_points_end_as_sigterm_does(stops, signum):
+def test_sigint_and_sighup_end_as_sigterm_does(stops, signum):
     cases = [c for c in stops["stopped"] if c.signum == signum]
-    assert [c.marker for c in cases] == list(OTHER_SIGNALS_AT)
+    assert [c.marker for c in cases] == list(OTHER_SIGNALS_AT[signum])
     for case in cases:
         assert case.sent, case.lab.log()
-        assert case.code == 128 + signum, case.lab.log()
+        assert case.code in ((128 + signum, -signum) if in_teardown(case) else (128 + signum,)), (
+            case.lab.log()
+        )
         assert all(r.info.status in ("KILLED", "FINISHED") for r in case.runs), case.lab.log()
