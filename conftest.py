@@ -35,12 +35,13 @@ from typing import Any
 import pytest
 
 from grpolab import numerics
-from grpolab.endings import SHOW_PHASES_ENV
+from grpolab.endings import HOLD_EXIT_ENV, SHOW_PHASES_ENV
 
 from suite import (
     CULPRIT_STEPS,
     HAS_CUDA,
     LAB_DIR,
+    LAST_LINE,
     OTHER_SIGNALS_AT,
     README_COUNTDOWN,
     README_FLAGS,
@@ -273,7 +274,10 @@ def run_stops(background: Background, _: str) -> dict:
                 lab.signal_sent = True
 
         args = ["--output-dir", str(folder / "outputs"), *STOP_RUN]
-        lab = Lab(name, LAB_DIR / "train.py", args, _sqlite(folder), tmp, on_line, env={SHOW_PHASES_ENV: "1"})
+        env = {SHOW_PHASES_ENV: "1"}
+        if marker == LAST_LINE:  # the lab lingers at its end: a signal sent at its last line lands there
+            env[HOLD_EXIT_ENV] = str(WAVE_TIMEOUT_S)
+        lab = Lab(name, LAB_DIR / "train.py", args, _sqlite(folder), tmp, on_line, env=env)
         return Stopped(name, signum, marker, lab)
 
     def finish(case: Stopped) -> Stopped:

@@ -242,6 +242,11 @@ def exit_after(stop: BaseException, stops: Stops = STOPS) -> int:
     return exit_code(stop)
 
 
+# A test's: seconds a lab lingers once its run has ended, its handlers set, so that a signal sent as
+# it prints its last line lands at its end on any machine, not after it exited.
+HOLD_EXIT_ENV = "GRPOLAB_HOLD_EXIT_S"
+
+
 def exit_process(code: int) -> NoReturn:
     """End an entry point's process with `code` once its run has ended; from here a signal exits
     128 + the signal, saying the run had ended (all saved). Left to Python's own handlers, the same
@@ -259,6 +264,9 @@ def exit_process(code: int) -> NoReturn:
 
     if _on_main_thread():
         _install(after_the_run)
+        hold = os.environ.get(HOLD_EXIT_ENV)
+        if hold and code == 0:  # not once a signal has ended the run (code 128 + N): it came already
+            time.sleep(float(hold))  # a signal ends the sleep, and the process, through the handler
     sys.exit(code)
 
 
