@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from budgets.units import GIB, KIB, MIB, human_bytes
+from budgets.units import GIB
+from grpolab.memory_names import MEMORY_UNITS, UNIT_NAMES, in_unit, memory_unit
 
 # How each line is measured, for the table.
 HOW_MEASURED = {
@@ -36,6 +37,7 @@ class Comparison:
 
     budget: dict[str, int]  # line -> bytes
     measured: dict[str, int]  # line -> bytes, only for lines that exist in the budget
+    unit: str  # the run's memory unit (grpolab.memory_names): every figure below is written in it
     unpaired_measured: dict[str, int] = field(default_factory=dict)
     formulas: dict[str, str] = field(default_factory=dict)
     total_budget: int = 0
@@ -73,19 +75,23 @@ class Comparison:
         """The paired line furthest from its budget, relative to the line's size."""
         return max(self.paired, key=lambda n: abs(self.rel_error(n)), default=None)
 
+    def bytes(self, n: float, sign: bool = False) -> str:
+        """`n` bytes in the run's unit: one unit in a sentence, in a column, and in MLflow's keys."""
+        return in_unit(n, self.unit, sign)
+
     def verdict(self) -> str:
         held = self.total_measured <= self.total_budget
         worst = self.worst_line()
         worst_text = (
-            f"; the line that missed most: {worst} ({human_bytes(self.diff(worst), sign=True)}, "
+            f"; the line that missed most: {worst} ({self.bytes(self.diff(worst), sign=True)}, "
             f"{self.rel_error(worst):+.1%})"
             if worst
             else ""
         )
         return (
-            f"The budget {'held' if held else 'did not hold'}: measured peak {human_bytes(self.total_measured)} "
-            f"vs budgeted {human_bytes(self.total_budget)} ({self.total_label}, {self.total_rel_error:+.1%})"
-            f"{worst_text}; outside every line: {human_bytes(self.unattributed, sign=True)}."
+            f"The budget {'held' if held else 'did not hold'}: measured peak {self.bytes(self.total_measured)} "
+            f"vs budgeted {self.bytes(self.total_budget)} ({self.total_label}, {self.total_rel_error:+.1%})"
+            f"{worst_text}; outside every line: {self.bytes(self.unattributed, sign=True)}."
         )
 
     def peak_lines(self) -> list[str]:
@@ -106,6 +112,7 @@ def compare(sheet, measured: dict[str, int], total_measured: int, on_gpu: bool) 
     return Comparison(
         budget=budget,
         measured={k: v for k, v in measured.items() if k in budget},
+        unit=memory_unit(on_gpu),
         unpaired_measured={k: v for k, v in measured.items() if k not in budget},
         formulas={line.name: line.formula for line in sheet.lines},
         total_budget=int(sheet.total_bytes),
@@ -147,27 +154,27 @@ def table(c: Comparison) -> str:
     for name, budget in c.budget.items():
         if name in c.measured:
             cells = (
-                human_bytes(c.measured[name]),
-                human_bytes(c.diff(name), sign=True),
+                c.bytes(c.measured[name]),
+                c.bytes(c.diff(name), sign=True),
                 f"{c.rel_error(name):+.1%}",
             )
         else:
             cells = ("not measured",) * 3
         formula = c.formulas.get(name, "").replace("|", "\\|")
         rows.append(
-            f"| {name} | `{formula}` | {human_bytes(budget)} | {' | '.join(cells)} | {HOW_MEASURED.get(name, '')} |"
+            f"| {name} | `{formula}` | {c.bytes(budget)} | {' | '.join(cells)} | {HOW_MEASURED.get(name, '')} |"
         )
     rows.append(
-        f"| **total (peak)** | {c.total_label} | {human_bytes(c.total_budget)} | {human_bytes(c.total_measured)} | "
-        f"{human_bytes(c.total_measured - c.total_budget, sign=True)} | {c.total_rel_error:+.1%} | {HOW_MEASURED['total']} |"
+        f"| **total (peak)** | {c.total_label} | {c.bytes(c.total_budget)} | {c.bytes(c.total_measured)} | "
+        f"{c.bytes(c.total_measured - c.total_budget, sign=True)} | {c.total_rel_error:+.1%} | {HOW_MEASURED['total']} |"
     )
     rows.append(
         "| outside every line | total diff minus the diffs of the measured lines the peak holds | | | "
-        f"{human_bytes(c.unattributed, sign=True)} | | memory no line budgets (or over-budgeted unmeasured lines) |"
+        f"{c.bytes(c.unattributed, sign=True)} | | memory no line budgets (or over-budgeted unmeasured lines) |"
     )
     if c.unpaired_measured:
         rows += ["", "Measured with no budget line (never forced into a pair):", ""]
-        rows += [f"- {name}: {human_bytes(value)}" for name, value in c.unpaired_measured.items()]
+        rows += [f"- {name}: {c.bytes(value)}" for name, value in c.unpaired_measured.items()]
     return "\n".join([c.verdict(), "", *rows, ""])
 
 
@@ -178,9 +185,16 @@ def chart(c: Comparison, step_peaks: list[tuple[int, int]], budget_total: int):
 
     fig = Figure(figsize=(13, 4.8))
     bars, curve = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    draw_lines(bars, c)
+    draw_peaks(curve, c, step_peaks, budget_total)
+    fig.tight_layout()
+    return fig
+
+
+def draw_lines(bars, c: Comparison) -> None:
+    """Each paired line's budget beside its measurement, in the run's unit."""
     names = c.paired
-    largest = max([c.budget[n] for n in names] + [c.measured[n] for n in names] + [1])
-    unit, size = next((u, s) for u, s in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB), ("B", 1)) if largest >= s)
+    size, unit = MEMORY_UNITS[c.unit], UNIT_NAMES[c.unit]
     budget = [c.budget[n] / size for n in names]
     measured = [c.measured[n] / size for n in names]
     x = range(len(names))
@@ -192,14 +206,17 @@ def chart(c: Comparison, step_peaks: list[tuple[int, int]], budget_total: int):
     if max(budget + measured, default=1.0) / smallest > 100:
         bars.set_yscale("log")  # a 1 GiB runtime beside a 50 KiB adapter: both stay readable
     bars.set_title("Budget vs measured, per line")
-    bars.legend()
+    bars.legend(fontsize=8)
+
+
+def draw_peaks(curve, c: Comparison, step_peaks: list[tuple[int, int]], budget_total: int) -> None:
+    """The process's peak at each step against the sheet's peak, in the run's unit."""
+    size, unit = MEMORY_UNITS[c.unit], UNIT_NAMES[c.unit]
     if step_peaks:
         steps, peaks = zip(*step_peaks, strict=True)
-        curve.plot(steps, [p / GIB for p in peaks], marker=".", label="process peak per step")
-    curve.axhline(budget_total / GIB, color="#4c78a8", linestyle="--", label="budget (sheet peak)")
+        curve.plot(steps, [p / size for p in peaks], marker=".", label="process peak per step")
+    curve.axhline(budget_total / size, color="#4c78a8", linestyle="--", label="budget (sheet peak)")
     curve.set_xlabel("step")
-    curve.set_ylabel("GiB")
+    curve.set_ylabel(unit)
     curve.set_title("Peak memory over the run")
-    curve.legend()
-    fig.tight_layout()
-    return fig
+    curve.legend(fontsize=8)

@@ -1,28 +1,75 @@
 """The run's Overview in MLflow: its description, in Markdown, tells what the run found.
 
-In order: the one-line verdict, the budget-vs-measured chart (an image of the run's own artifact,
-which MLflow's Markdown renders from a relative `get-artifact` link), the table of the total and each
-line (budget, measured, difference, how measured), the run doctor's findings, the held-out evaluation
-before and after, and where the completions are. Nothing here talks to MLflow: the harness logs it
-as the run's description (tag `mlflow.note.content`).
+In order: the one-line verdict, the Overview's figure (each reward's mean per step beside the
+budget-vs-measured chart: an image of the run's own artifact, which MLflow's Markdown renders from a
+relative `get-artifact` link), the table of the total and each line (budget, measured, difference,
+how measured), the run doctor's findings, the held-out evaluation before and after, and where the
+completions are. Every memory figure is in the run's unit (`memory_unit`: MiB on the CPU, GiB on a
+GPU). Nothing here talks to MLflow: the harness logs the description as the run's tag
+`mlflow.note.content` and the figure as its artifact `FIGURE`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from urllib.parse import quote
 
-from budgets.units import human_bytes
+from grpolab import comparison
 from grpolab.comparison import HOW_MEASURED, Comparison
+from grpolab.doctor import REWARD_METRIC, step_rows
 
 CHART = "memory/budget_vs_measured.png"
 TABLE = "memory/budget_vs_measured.md"
+FIGURE = "overview/rewards_and_memory.png"  # what the Overview opens with: the rewards, then the memory
 HELD_OUT = "completions/held_out.json"
 
 
-def chart_link(run_id: str, path: str = CHART) -> str:
+def chart_link(run_id: str, path: str = FIGURE, alt: str = "Rewards per step, budget vs measured") -> str:
     """Markdown that shows the run's artifact `path` as an image in its description."""
-    return f"![Budget vs measured]({'get-artifact?path=' + quote(path, safe='')}&run_uuid={run_id})"
+    return f"![{alt}]({'get-artifact?path=' + quote(path, safe='')}&run_uuid={run_id})"
+
+
+def reward_curves(history: Sequence[Mapping[str, float]]) -> dict[str, tuple[list[int], list[float]]]:
+    """Each reward's mean per step, from the rows TRL logged (`rewards/<name>/mean`): name -> (steps, means).
+
+    Example:
+        >>> reward_curves([{"step": 1, "rewards/correctness_reward/mean": 0.25, "loss": 0.1},
+        ...                {"step": 2, "rewards/correctness_reward/mean": 0.5, "loss": 0.1}])
+        {'correctness_reward': ([1, 2], [0.25, 0.5])}
+    """
+    curves: dict[str, tuple[list[int], list[float]]] = {}
+    for row in step_rows(history):
+        for key, value in row.items():
+            if (name := REWARD_METRIC.fullmatch(key)) is not None:
+                steps, means = curves.setdefault(name[1], ([], []))
+                steps.append(int(row["step"]))
+                means.append(value)
+    return curves
+
+
+def figure(c: Comparison, history: Sequence[Mapping[str, float]], step_peaks, budget_total: int):
+    """The Overview's figure: what the run learned beside what it cost. Each reward's mean per step
+    (what a reader came for: chapter 1's correctness climbing), then the budget-vs-measured chart
+    (grpolab.comparison: each line, and the peak per step against the sheet's)."""
+    from matplotlib.figure import Figure  # a bare Figure: no pyplot backend switched
+
+    # 1200 x 380 pixels: MLflow shows a description's image at its own size (its sanitizer drops width
+    # and style), and the Overview of a 1500-pixel window is about 1260 wide.
+    fig = Figure(figsize=(12, 3.8), dpi=100)
+    rewards, bars, curve = fig.subplots(1, 3, gridspec_kw={"width_ratios": [2, 3, 2]})
+    for name, (steps, means) in reward_curves(history).items():
+        rewards.plot(steps, means, marker=".", label=name)
+    rewards.set_xlabel("step")
+    rewards.set_ylabel("mean reward")
+    rewards.set_title("Rewards per step")
+    if rewards.lines:
+        rewards.legend(fontsize=8)
+    else:
+        rewards.text(0.5, 0.5, "no step logged", ha="center", va="center", transform=rewards.transAxes)
+    comparison.draw_lines(bars, c)
+    comparison.draw_peaks(curve, c, step_peaks, budget_total)
+    fig.tight_layout()
+    return fig
 
 
 def line_table(c: Comparison) -> str:
@@ -30,18 +77,16 @@ def line_table(c: Comparison) -> str:
     rows = [
         "| line | budget | measured | diff | how measured |",
         "|---|---:|---:|---:|---|",
-        f"| **total (peak)** | {human_bytes(c.total_budget)} | {human_bytes(c.total_measured)} | "
-        f"{human_bytes(c.total_measured - c.total_budget, sign=True)} | {HOW_MEASURED['total']} |",
+        f"| **total (peak)** | {c.bytes(c.total_budget)} | {c.bytes(c.total_measured)} | "
+        f"{c.bytes(c.total_measured - c.total_budget, sign=True)} | {HOW_MEASURED['total']} |",
     ]
     for name, budget in c.budget.items():
         measured, diff = (
-            (human_bytes(c.measured[name]), human_bytes(c.diff(name), sign=True))
+            (c.bytes(c.measured[name]), c.bytes(c.diff(name), sign=True))
             if name in c.measured
             else ("not measured", "")
         )
-        rows.append(
-            f"| {name} | {human_bytes(budget)} | {measured} | {diff} | {HOW_MEASURED.get(name, '')} |"
-        )
+        rows.append(f"| {name} | {c.bytes(budget)} | {measured} | {diff} | {HOW_MEASURED.get(name, '')} |")
     return "\n".join(rows)
 
 
@@ -62,15 +107,16 @@ def held_out_table(evals: Mapping) -> str:
 def description(
     run_id: str, c: Comparison, doctor: str, evals: Mapping, status: str = "FINISHED", chart: bool = True
 ) -> str:
-    """The run's description: verdict, chart, table, doctor, held-out, where the completions are."""
+    """The run's description: verdict, figure (rewards beside memory), table, doctor, held-out, where
+    the completions are."""
     verdict = c.verdict() + ("" if status == "FINISHED" else f" (run ended {status}: figures so far)")
-    # The verdict before the chart: MLflow 3.17 folds a description to its first 100 pixels until
+    # The verdict before the figure: MLflow 3.17 folds a description to its first 100 pixels until
     # "Show more" is clicked, and the sentence (the total's budget beside its measured peak) fits them.
     parts = [f"**{verdict}**"]
     parts += [chart_link(run_id)] if chart else []
     parts += [
         line_table(c),
-        f"Full table with each line's formula: `{TABLE}`.",
+        f"Full table with each line's formula: `{TABLE}`; the memory chart alone: `{CHART}`.",
         doctor,
         held_out_table(evals),
         "What the model wrote: the **Traces** tab, one trace per group of a logged step (its prompt, every "

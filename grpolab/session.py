@@ -402,15 +402,19 @@ def _log_measurement(run: Run, status: str, doctor: str = "", ending: str = "fin
         run.sheet, meter.lines(), meter.probe.process_peak_bytes, run.device.on_gpu
     )
     figure = comparison.chart(c, meter.step_peaks, run.sheet.total_bytes)
-    # The Overview: chart, verdict, per-line table, doctor, held-out (grpolab.overview).
-    note = overview.description(run.mlflow_run.info.run_id, c, doctor, run.evals, status, figure is not None)
+    # The Overview: verdict, the rewards per step beside the memory, per-line table, doctor, held-out
+    # (grpolab.overview).
+    opening = overview.figure(c, meter.history, meter.step_peaks, run.sheet.total_bytes)
+    note = overview.description(run.mlflow_run.info.run_id, c, doctor, run.evals, status)
     extra = meter.probe.summary()
     if run.device.on_gpu:
         # The phases standby changes, budget beside measured, and vLLM's own start-up figures.
         extra |= comparison.phase_pairs(run.sheet, meter.probe.step_phase_peaks)
         ledger = meter.vllm_ledger()
         extra |= ledger.metrics() if ledger is not None else {}
-    tracking.log_comparison(c, figure, extra, MEMORY_LABELS, note, run.device.on_gpu, step=run.measure_step)
+    tracking.log_comparison(
+        c, figure, extra, MEMORY_LABELS, note, run.device.on_gpu, step=run.measure_step, opening=opening
+    )
     if doctor:  # the doctor read this run (an out-of-memory ends before it can)
         tracking.log_findings(run.findings)
     run_result.write(run, status, c, ending=ending)

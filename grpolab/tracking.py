@@ -397,13 +397,15 @@ def log_comparison(
     note: str,
     on_gpu: bool,
     step: int = 0,
+    opening=None,
 ) -> None:
     """`<line>/measured_<unit>`, `/diff_<unit>`, `/rel_error` beside each `<line>/budget_<unit>`, the
-    totals, the table, the chart, and the run's Overview as its description. At `step`: 0 for a run in
-    one piece; a resumed run measures each process again and logs its figures at the step it reached."""
+    totals, the table, the chart, and the run's Overview as its description, with the figure it opens
+    with (`opening`: the rewards beside the memory, grpolab.overview). At `step`: 0 for a run in one
+    piece; a resumed run measures each process again and logs its figures at the step it reached."""
     import mlflow
 
-    from grpolab import comparison
+    from grpolab import comparison, overview
 
     unit = memory_unit(on_gpu)
     size = MEMORY_UNITS[unit]
@@ -429,9 +431,11 @@ def log_comparison(
             "mlflow.note.content": _description(mlflow.active_run().info.run_id, note),
         }
     )
-    mlflow.log_text(comparison.table(c), "memory/budget_vs_measured.md")
+    mlflow.log_text(comparison.table(c), overview.TABLE)
     if figure is not None:
-        mlflow.log_figure(figure, "memory/budget_vs_measured.png")
+        mlflow.log_figure(figure, overview.CHART)
+    if opening is not None:
+        mlflow.log_figure(opening, overview.FIGURE)
 
 
 def run_name(profile: str) -> str:

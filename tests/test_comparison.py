@@ -3,6 +3,9 @@ what no line explains, and the CPU line measured from the step peaks."""
 
 from __future__ import annotations
 
+import re
+from types import SimpleNamespace
+
 import pytest
 
 from budgets.units import GIB, MIB
@@ -28,6 +31,41 @@ def test_the_verdict_says_whether_it_held_the_line_that_missed_most_and_what_no_
     assert "the line that missed most: logits (+20.00 MiB, +40.0%)" in verdict
     assert verdict.endswith("outside every line: +50.00 MiB.")
     assert comparison(total_measured=400 * MIB).verdict().startswith("The budget held")
+
+
+def test_each_sentence_and_table_holds_one_unit_the_runs():
+    """The verdict and the tables write every figure in the run's memory unit (tag `memory_unit`): on the
+    CPU a 1.55 GiB budget beside a 1009 MiB peak reads 1587.20 MiB vs 1009.12 MiB, and a KiB-sized
+    line keeps three significant digits instead of reading 0.00; on a GPU every figure is in GiB."""
+    from grpolab import comparison as module
+    from grpolab import overview
+
+    cpu = comparison(
+        unit="mib",
+        total_budget=int(1.55 * GIB),
+        total_measured=int(1009.12 * MIB),
+        budget={"base_weights": 79 * 1024, "host_runtime": 1280 * MIB},
+        measured={"base_weights": 80 * 1024, "host_runtime": 1000 * MIB},
+        peak_phase_lines=["base_weights", "host_runtime"],
+    )
+    verdict = cpu.verdict()
+    assert verdict.startswith("The budget held: measured peak 1009.12 MiB vs budgeted 1587.20 MiB")
+    assert "host_runtime (-280.00 MiB, -21.9%)" in verdict
+    for text in (verdict, module.table(cpu), overview.line_table(cpu)):
+        assert set(re.findall(r"\b[KMG]iB\b", text)) == {"MiB"}, text
+    assert "| base_weights | 0.0771 MiB | 0.0781 MiB | +0.000977 MiB |" in overview.line_table(cpu)
+    gpu = comparison(unit="gib", total_budget=int(13.5 * GIB), total_measured=int(12.25 * GIB))
+    assert gpu.verdict().startswith("The budget held: measured peak 12.25 GiB vs budgeted 13.50 GiB")
+    for text in (gpu.verdict(), module.table(gpu), overview.line_table(gpu)):
+        assert set(re.findall(r"\b[KMG]iB\b", text)) == {"GiB"}, text
+    # compare() takes the unit from where the run computed, as the run's tag `memory_unit` does.
+    sheet = SimpleNamespace(
+        lines=[SimpleNamespace(name="host_runtime", bytes=GIB, formula="", phases=("train",))],
+        total_bytes=GIB,
+        peak_phase="train",
+    )
+    assert module.compare(sheet, {}, GIB, on_gpu=False).unit == "mib"
+    assert module.compare(sheet, {}, GIB, on_gpu=True).unit == "gib"
 
 
 def test_the_printed_peak_is_the_logged_total():

@@ -113,7 +113,7 @@ def test_held_out_completions_of_base_and_adapter_side_by_side(store):
     }
 
 
-def test_the_overview_opens_with_the_verdict_then_the_chart_the_total_and_each_line():
+def test_the_overview_opens_with_the_verdict_then_the_figure_the_total_and_each_line():
     c = comparison()
     before = EvalResult("base", 32, 0.0, 0.5, 6.0)
     after = EvalResult("adapter", 32, 0.125, 1.0, 5.5)
@@ -122,7 +122,8 @@ def test_the_overview_opens_with_the_verdict_then_the_chart_the_total_and_each_l
     )
     assert text.startswith("**The budget did not hold: measured peak 500.00 MiB vs budgeted 450.00 MiB")
     chart = text.index(
-        "![Budget vs measured](get-artifact?path=memory%2Fbudget_vs_measured.png&run_uuid=abc123)"
+        "![Rewards per step, budget vs measured]"
+        "(get-artifact?path=overview%2Frewards_and_memory.png&run_uuid=abc123)"
     )
     table = text.index("| **total (peak)** | 450.00 MiB | 500.00 MiB |")
     assert chart < table < text.index("| base_weights | 100.00 MiB | 110.00 MiB | +10.00 MiB |")
@@ -130,6 +131,33 @@ def test_the_overview_opens_with_the_verdict_then_the_chart_the_total_and_each_l
     assert text.index("Run doctor:") < text.index("| accuracy | 0.0% | 12.5% |")
     assert "**Traces** tab" in text
     assert "![" not in overview.description("abc", c, "", {}, chart=False)
+
+
+def test_the_overviews_figure_plots_each_rewards_mean_per_step_beside_the_memory_chart():
+    """What a reader came for (the rewards climbing), from the rows TRL logged, then the budget-vs-measured
+    chart, every memory axis in the run's unit: a Figure of real matplotlib, its lines' data read back."""
+    history = [
+        {"step": 1, "rewards/correctness_reward/mean": 0.1, "rewards/format_reward/mean": 0.2, "loss": 0.0},
+        {"step": 2, "rewards/correctness_reward/mean": 0.4, "rewards/format_reward/mean": 0.6, "loss": 0.0},
+        {"step": 3, "rewards/correctness_reward/mean": 0.7, "rewards/format_reward/mean": 0.9, "loss": 0.0},
+        {"train_runtime": 12.0},  # the end-of-training summary row: not a step
+    ]
+    assert overview.reward_curves(history) == {
+        "correctness_reward": ([1, 2, 3], [0.1, 0.4, 0.7]),
+        "format_reward": ([1, 2, 3], [0.2, 0.6, 0.9]),
+    }
+    c = comparison()
+    fig = overview.figure(c, history, [(1, 400 * MIB), (2, 500 * MIB)], c.total_budget)
+    rewards, bars, peaks = fig.axes
+    assert rewards.get_title() == "Rewards per step"
+    drawn = {line.get_label(): list(line.get_ydata()) for line in rewards.get_lines()}
+    assert drawn == {"correctness_reward": [0.1, 0.4, 0.7], "format_reward": [0.2, 0.6, 0.9]}
+    assert bars.get_title() == "Budget vs measured, per line" and bars.get_ylabel() == "MiB"
+    assert [t.get_text() for t in bars.get_xticklabels()] == c.paired
+    assert peaks.get_ylabel() == "MiB" and list(peaks.get_lines()[0].get_ydata()) == [400.0, 500.0]
+    # A run stopped before its first logged step still gets its figure, saying so.
+    empty = overview.figure(c, [], [], c.total_budget).axes[0]
+    assert not empty.get_lines() and empty.texts[0].get_text() == "no step logged"
 
 
 def test_memory_keys_name_their_unit_and_the_glance_section_sorts_first():

@@ -1,16 +1,18 @@
 """The MLflow UI in a real browser, as a newcomer meets it: the link the lab printed, no clicks.
 
 Starts the README's UI command (`uv run mlflow ui --backend-store-uri sqlite:///mlflow.db`) on
-loopback over the store chapter 1's README run wrote (conftest.py: `chapter_run`), opens the run link the lab printed in Debian's
-Chromium through Playwright (a fresh profile: MLflow's assistant panel opens on first load, as it
-does for a newcomer), and checks what it shows without a click: the run's Overview in the Model
-training view, the verdict with the total's budget beside its measured peak, and the budget-vs-measured
-chart as an image of the run's artifact. Then, one tab away each: the metrics view's first section
-(`at a glance`, the total's budget and measured side by side), a group of completions with its rewards
-in the Traces tab, and the chart and table among the artifacts. Screenshots go to pytest's temporary
-folder, so a test run leaves the checkout clean; `UPDATE_SCREENSHOTS=1 uv run pytest
-tests/test_mlflow_ui.py` rewrites the README's picture, docs/mlflow-budget-vs-measured.png (the page the
-printed link opens).
+loopback over the store chapter 1's README run wrote (conftest.py: `chapter_run`), opens the run link
+the lab printed in Debian's Chromium through Playwright (a fresh profile: MLflow's assistant panel
+opens on first load, as it does for a newcomer), and checks what it shows without a click: the run's
+Overview in the Model training view, the verdict with the total's budget beside its measured peak in
+one unit, and the top of the Overview's figure (the rewards per step beside the budget-vs-measured
+chart) as an image of the run's artifact. Then, as a newcomer would, the assistant panel closed and
+the description unfolded: the whole figure on screen, nothing over it, which is the README's picture.
+Then, one tab away each: the metrics view's first section (`at a glance`, the total's budget and
+measured side by side), a group of completions with its rewards in the Traces tab, and the chart and
+table among the artifacts. Screenshots go to pytest's temporary folder, so a test run leaves the
+checkout clean; `UPDATE_SCREENSHOTS=1 uv run pytest tests/test_mlflow_ui.py` rewrites the README's
+picture, docs/mlflow-budget-vs-measured.png (the page the printed link opens).
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from suite import HAS_CUDA, REPO_ROOT, command_words, free_port
+from suite import HAS_CUDA, REPO_ROOT, command_words, free_port, update_screenshots
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 README_SCREENSHOT = REPO_ROOT / "docs" / "mlflow-budget-vs-measured.png"
+FIGURE_FILE = "rewards_and_memory.png"  # grpolab.overview.FIGURE, the figure the Overview opens with
+ASSISTANT_CLOSE = "[data-component-id='mlflow.assistant.chat_panel.close']"  # the panel's own close button
 
 README_UI = "uv run mlflow ui --backend-store-uri sqlite:///mlflow.db"
 pytestmark = [
@@ -119,12 +123,14 @@ def on_screen(page, box) -> bool:
     return bool(box) and box["height"] > 0 and 0 <= box["y"] < page.viewport_size["height"]
 
 
-def test_the_printed_link_opens_the_overview_with_the_verdict_and_the_chart(
+def test_the_printed_link_opens_the_overview_with_the_verdict_and_the_figure(
     mlflow_ui, page, cpu_lab_run, tmp_path
 ):
     """A newcomer pastes the link the lab printed: no clicks, the run's Overview in the Model training
-    view; its description says whether the budget held, the total's budget beside its measured peak,
-    and shows the chart of every line (an image of the run's own artifact, loaded)."""
+    view; its description says whether the budget held, the total's budget beside its measured peak in
+    one unit, and shows the top of its figure (an image of the run's own artifact, loaded). Then, as a
+    newcomer would, MLflow's assistant panel closed and the description unfolded ("Show more"): the
+    whole figure on screen, nothing over it. That view is the README's picture."""
     link = printed_link(cpu_lab_run, mlflow_ui)
     assert "workflowType=machine_learning" in link and link.split("?")[0].endswith(
         cpu_lab_run["run"].info.run_id
@@ -138,20 +144,43 @@ def test_the_printed_link_opens_the_overview_with_the_verdict_and_the_chart(
     ).first
     verdict.wait_for(timeout=120_000)
     assert on_screen(page, verdict.bounding_box()), "the verdict is not on screen"
-    chart = page.locator("img[src*='budget_vs_measured.png']").first
-    chart.wait_for(timeout=60_000)
+    assert set(re.findall(r"\b[KMG]iB\b", verdict.inner_text())) == {"MiB"}, verdict.inner_text()
+    figure = page.locator(f"img[src*='{FIGURE_FILE}']").first
+    figure.wait_for(timeout=60_000)
     page.wait_for_function(
-        "() => [...document.querySelectorAll(\"img[src*='budget_vs_measured.png']\")].some(i => i.complete && i.naturalWidth > 0)",
+        f"() => [...document.querySelectorAll(\"img[src*='{FIGURE_FILE}']\")].some(i => i.complete && i.naturalWidth > 0)",
         timeout=60_000,
     )
-    assert on_screen(page, chart.bounding_box()), "the chart is not on screen"
-    shot = (
-        README_SCREENSHOT
-        if os.environ.get("UPDATE_SCREENSHOTS") == "1"
-        else tmp_path / README_SCREENSHOT.name
-    )
+    assert on_screen(page, figure.bounding_box()), "the figure is not on screen"
+
+    close_the_assistant(page)
+    page.get_by_test_id("show-comment-toggle").first.click(timeout=30_000)  # MLflow's "Show more"
+    verdict.scroll_into_view_if_needed()
+    box, window = figure.bounding_box(), page.viewport_size
+    assert box["y"] >= 0 and box["y"] + box["height"] <= window["height"], box
+    assert box["x"] >= 0 and box["x"] + box["width"] <= window["width"], box
+    # Nothing over it: the element at its left (the rewards), middle and right (the memory) is the figure.
+    for share in (0.15, 0.5, 0.85):
+        x, y = box["x"] + share * box["width"], box["y"] + box["height"] / 2
+        on_top = page.evaluate("([x, y]) => document.elementFromPoint(x, y)?.outerHTML.slice(0, 200)", [x, y])
+        assert on_top.startswith("<img"), f"at {share:.0%} of the figure's width: {on_top}"
+    shot = README_SCREENSHOT if update_screenshots() else tmp_path / README_SCREENSHOT.name
     page.screenshot(path=str(shot))
     assert shot.stat().st_size > 10_000
+
+
+def close_the_assistant(page) -> None:
+    """MLflow 3.17 opens its assistant panel, a third of the window, on a fresh profile's first page:
+    closed with its own close button, as a user closes it (nothing to do where it did not open)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    close = page.locator(ASSISTANT_CLOSE).first
+    try:
+        close.wait_for(timeout=15_000)
+    except PlaywrightTimeout:
+        return
+    close.click(timeout=30_000)
+    close.wait_for(state="hidden", timeout=30_000)
 
 
 def test_the_metrics_view_lists_the_glance_first_with_the_totals_budget_and_measured(

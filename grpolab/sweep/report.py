@@ -12,8 +12,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from budgets.units import GIB, human_bytes
+from grpolab.memory_names import in_unit
 from grpolab.settings import FLAGS
-from grpolab.sweep.grid import WALK_LIMIT, Planned
+from grpolab.sweep.grid import KNOBS, WALK_LIMIT, Planned
 from grpolab.sweep.host import Host
 
 
@@ -130,10 +131,10 @@ def verdict(outcomes: list[Outcome], edge: Outcome | None) -> tuple[str, dict[st
         if line is not None:
             miss = misses[line]
             metrics["verdict/line_mean_abs_diff_gib"] = miss["mean_abs_diff_gib"]
+            mean, worst = one_unit([miss["mean_diff_gib"] * GIB, miss["worst_diff_gib"] * GIB], sign=True)
             text += (
-                f" The line that missed most: {line}, by {human_bytes(miss['mean_diff_gib'] * GIB, sign=True)} on "
-                f"average ({miss['mean_rel_error']:+.1%}; at worst {human_bytes(miss['worst_diff_gib'] * GIB, sign=True)} "
-                f"in cell {miss['worst_cell']})."
+                f" The line that missed most: {line}, by {mean} on average ({miss['mean_rel_error']:+.1%}; "
+                f"at worst {worst} in cell {miss['worst_cell']})."
             )
     if edge is not None:
         text += f" {edge_sentence(edge)}"
@@ -144,7 +145,9 @@ def verdict(outcomes: list[Outcome], edge: Outcome | None) -> tuple[str, dict[st
 
 def edge_sentence(edge: Outcome) -> str:
     p = edge.planned
-    text = f"The sheet refuses cell {p.cell.name} ({p.binding}: {human_bytes(p.sheet.total_bytes)} > {human_bytes(p.sheet.capacity_bytes)})"
+    # One unit in the sentence: GiB, as the peaks below are written.
+    total, capacity = (in_unit(n, "gib") for n in (p.sheet.total_bytes, p.sheet.capacity_bytes))
+    text = f"The sheet refuses cell {p.cell.name} ({p.binding}: {total} > {capacity})"
     f = edge.figures
     if edge.status == "refused":
         return text + "; not run (--run-refused runs it anyway)."
@@ -160,6 +163,12 @@ def edge_sentence(edge: Outcome) -> str:
             + f"; run anyway it finished at a peak of {f['measured_gib']:.2f} GiB: the sheet was conservative there."
         )
     return text + f"; run anyway it ended {edge.run_status or 'without a run'}: {edge.last_line}"
+
+
+def one_unit(values: list[float], sign: bool = False) -> list[str]:
+    """Byte counts for one sentence, all in the unit of the largest: GiB from 1 GiB up, else MiB."""
+    unit = "gib" if max(abs(v) for v in values) >= GIB else "mib"
+    return [in_unit(v, unit, sign) for v in values]
 
 
 def _gib(value: float | None) -> str:
@@ -255,27 +264,48 @@ def status_text(o: Outcome) -> str:
     return f"{o.status}: {o.last_line}"
 
 
+# The knobs a cell sets, in the order the chart prefers them on its x axis, with their axis labels.
+AXES = {
+    "max_completion_length": "max_completion_length (tokens)",
+    "num_generations": "num_generations (completions per prompt)",
+    "prompts_per_step": "prompts per step",
+}
+
+
+def chart_axis(outcomes: list[Outcome]) -> str:
+    """The knob the peaks are plotted against: the first of AXES that takes more than one value among
+    the cells. A GPU grid varies the completion length (256, 512, 768); the CPU grid holds it at 32
+    tokens and varies the group (8, 16, and the edge's 32), so its cells spread along the group."""
+    for knob in AXES:
+        if len({getattr(o.planned.cell, knob) for o in outcomes}) > 1:
+            return knob
+    return "max_completion_length"
+
+
 def chart(outcomes: list[Outcome], host: Host):
-    """Peak memory against completion length (one colour per prompts x group; budget dashed, measured
-    solid, refused cells as crosses, the card's capacity), and each line's miss per cell."""
+    """Peak memory against the knob the grid varies (`chart_axis`: completion length on a GPU, the group
+    on the CPU), one colour per setting of the other two; budget dashed, measured solid, refused cells as
+    crosses, the card's capacity; and each line's miss per cell."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(14, 4.8))
     peaks, misses = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    knob = chart_axis(outcomes)
+    others = [k for k in KNOBS if k != knob]
     series: dict[tuple[int, int], list[Outcome]] = {}
     for o in outcomes:
-        series.setdefault((o.planned.cell.prompts_per_step, o.planned.cell.num_generations), []).append(o)
+        series.setdefault(tuple(getattr(o.planned.cell, k) for k in others), []).append(o)
     colours = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d"]
-    for i, ((p, g), group) in enumerate(sorted(series.items())):
+    for i, (key, group) in enumerate(sorted(series.items())):
         colour = colours[i % len(colours)]
-        group = sorted(group, key=lambda o: o.planned.cell.max_completion_length)
-        x = [o.planned.cell.max_completion_length for o in group]
-        label = f"{p} prompt(s) x {g}"
+        group = sorted(group, key=lambda o: getattr(o.planned.cell, knob))
+        x = [getattr(o.planned.cell, knob) for o in group]
+        label = series_label(dict(zip(others, key, strict=True)))
         peaks.plot(x, [o.planned.sheet.total_bytes / GIB for o in group], "--o", color=colour, alpha=0.6)
         done = [o for o in group if o.figures.get("measured_gib") is not None and o.status == "ran"]
         if done:
             peaks.plot(
-                [o.planned.cell.max_completion_length for o in done],
+                [getattr(o.planned.cell, knob) for o in done],
                 [o.figures["measured_gib"] for o in done],
                 "-s",
                 color=colour,
@@ -286,15 +316,11 @@ def chart(outcomes: list[Outcome], host: Host):
         for o in group:
             if o.status != "ran":
                 peaks.plot(
-                    o.planned.cell.max_completion_length,
-                    o.planned.sheet.total_bytes / GIB,
-                    "x",
-                    color=colour,
-                    ms=12,
+                    getattr(o.planned.cell, knob), o.planned.sheet.total_bytes / GIB, "x", color=colour, ms=12
                 )
                 peaks.annotate(
                     f"refused: {o.planned.binding}",
-                    (o.planned.cell.max_completion_length, o.planned.sheet.total_bytes / GIB),
+                    (getattr(o.planned.cell, knob), o.planned.sheet.total_bytes / GIB),
                     textcoords="offset points",
                     xytext=(-10, 8),
                     fontsize=8,
@@ -302,7 +328,9 @@ def chart(outcomes: list[Outcome], host: Host):
                 )
     capacity = outcomes[0].planned.sheet.capacity_bytes / GIB if outcomes else 0
     peaks.axhline(capacity, color="grey", linestyle=":", label=f"capacity {capacity:.2f} GiB")
-    peaks.set_xlabel("max_completion_length (tokens)")
+    peaks.set_xticks(sorted({getattr(o.planned.cell, knob) for o in outcomes}))  # each cell's value
+    peaks.margins(x=0.08, y=0.15)  # room for the refused cell's note
+    peaks.set_xlabel(AXES[knob])
     peaks.set_ylabel("GiB")
     peaks.set_title("Peak per cell: budget (dashed) vs measured (solid)")
     peaks.legend(fontsize=8)
@@ -327,6 +355,18 @@ def chart(outcomes: list[Outcome], host: Host):
     )
     fig.tight_layout()
     return fig
+
+
+def series_label(fixed: dict[str, int]) -> str:
+    """A series by the knobs it holds fixed: `1 prompt(s) x 8`, `4 prompt(s) at 32 tokens`."""
+    words = []
+    if "prompts_per_step" in fixed:
+        words.append(f"{fixed['prompts_per_step']} prompt(s)")
+    if "num_generations" in fixed:
+        words.append(f"x {fixed['num_generations']}" if words else f"groups of {fixed['num_generations']}")
+    if "max_completion_length" in fixed:
+        words.append(f"at {fixed['max_completion_length']} tokens")
+    return " ".join(words)
 
 
 def cells_record(outcomes: list[Outcome], host: Host, text: str, edge: Outcome | None) -> dict[str, Any]:

@@ -206,10 +206,13 @@ def test_artifacts_adapter_chart_table_and_sheet(readme):
     assert {"memory/budget_vs_measured.png", "memory/budget_vs_measured.md"} <= memory
     budget = {a.path for a in client.list_artifacts(run_id, "budget")}
     assert {"budget/sheet.txt", "budget/sheet.json"} <= budget
-    # The Overview (grpolab.overview): the verdict, then the chart as an image of this run's artifact.
+    # The Overview (grpolab.overview): the verdict, in the run's unit alone, then the figure (the rewards
+    # per step beside the memory chart) as an image of this run's artifact.
     note = run.data.tags["mlflow.note.content"]
-    assert note.startswith("**The budget ")
-    assert f"get-artifact?path=memory%2Fbudget_vs_measured.png&run_uuid={run_id})" in note
+    verdict = note.split("\n\n")[0]
+    assert verdict.startswith("**The budget ") and set(re.findall(r"\b[KMG]iB\b", verdict)) == {"MiB"}
+    assert {a.path for a in client.list_artifacts(run_id, "overview")} == {"overview/rewards_and_memory.png"}
+    assert f"get-artifact?path=overview%2Frewards_and_memory.png&run_uuid={run_id})" in note
 
 
 def test_held_out_accuracy_is_logged_before_and_after_training(readme):
@@ -269,7 +272,8 @@ def test_the_run_keeps_every_key_it_had_before_the_chapter_redesign(readme):
     `completions/distinct_share` and `completions/tag_like_ratio`, what the run doctor reads of the
     completions themselves (a group with no spread, a parse that rejects written answers); and (issue
     30) the tags `cpu_numerics`, the arithmetic the run computed with, and `doctor_findings`, the
-    doctor's findings by name."""
+    doctor's findings by name; and (issue 32) the artifact `overview/rewards_and_memory.png`, the figure
+    the Overview opens with: each reward's mean per step beside the budget-vs-measured chart."""
     chapter_run, run = readme
     before = json.loads((Path(__file__).with_name("readme_run_keys.json")).read_text())
     client = chapter_run.client

@@ -288,6 +288,39 @@ def test_the_table_has_a_row_per_cell_and_a_row_per_line(planned, tmp_path):
     assert text.startswith("The verdict.\n") and "tiny model's" in text and f"cap {CAP_GIB:g}" in text
 
 
+def test_the_cpu_chart_spreads_its_cells_along_the_group_the_gpu_chart_along_the_length(planned, tmp_path):
+    """The peaks are plotted against the knob the grid varies: the CPU grid holds every cell at 32
+    tokens and varies the group (8, 16, and the edge's 32), so its cells spread along the group, one
+    series per prompts and length; a GPU grid (256, 512, 768 tokens) keeps its length axis, a series
+    per prompts x group. Real matplotlib, the plotted data read back."""
+    host, outcomes = outcomes_of(planned, tmp_path, "oom")
+    assert report.chart_axis(outcomes) == "num_generations"
+    peaks, _ = report.chart(outcomes, host).axes
+    assert peaks.get_xlabel() == "num_generations (completions per prompt)"
+    assert list(peaks.get_xticks()) == [8, 16, 32]
+    drawn = {line.get_label(): list(line.get_xdata()) for line in peaks.get_lines()}
+    assert drawn["4 prompt(s) at 32 tokens: measured (budget dashed)"] == [8, 16]
+    crosses = [line for line in peaks.get_lines() if line.get_marker() == "x"]
+    assert [list(line.get_xdata()) for line in crosses] == [[32]]  # the refused edge, run anyway
+    # A GPU grid's cells, three lengths per group: the axis stays the completion length.
+    sheet = planned[1][0].sheet
+    gpu = [
+        report.Outcome(sweep.Planned(sweep.Cell(1, g, length), None, sheet), "refused")
+        for g in (4, 8)
+        for length in (256, 512, 768)
+    ]
+    assert report.chart_axis(gpu) == "max_completion_length"
+    peaks, _ = report.chart(gpu, host).axes
+    assert peaks.get_xlabel() == "max_completion_length (tokens)"
+    assert list(peaks.get_xticks()) == [256, 512, 768]
+    labels = [line.get_label() for line in peaks.get_lines() if not line.get_label().startswith("_")]
+    assert labels[:2] == ["1 prompt(s) x 4: budget", "1 prompt(s) x 8: budget"]
+    # One cell, or cells that differ only in prompts per step.
+    assert report.chart_axis(gpu[:1]) == "max_completion_length"
+    apart = [report.Outcome(sweep.Planned(sweep.Cell(p, 8, 32), None, sheet), "refused") for p in (1, 2)]
+    assert report.chart_axis(apart) == "prompts_per_step"
+
+
 def test_the_chart_and_the_grid_as_data(planned, tmp_path):
     host, outcomes = outcomes_of(planned, tmp_path, "oom")
     fig = report.chart(outcomes, host)
