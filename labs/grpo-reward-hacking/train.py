@@ -28,10 +28,11 @@ a short right one; "grpo" averages per completion, and "dapo" per token of the b
 What it simplifies: short arms (24 steps on the CPU, 50 on a GPU), one process for all arms (the
 memory peak of an arm after the first includes what earlier ones left), and one loose checker among
 the many a user could write. Without a GPU the arms train the tiny stand-in, warm-started so it knows
-the task now and then (grpolab/tiny_model.py); measured there, the exact arm's held-out accuracy goes
-37.5% -> 68.8% while the loose arm's paid reward climbs 0.30 -> 0.75 and its held-out accuracy falls
-to 9.4%: it writes a run of digits. On a GPU, Qwen3-4B with the book's recipe on countdown (it knows
-last digits already), where the loose checker pays a completion that restates the target.
+the task now and then (grpolab/tiny_model.py); measured there (seed 0, the same on every x86-64
+machine), the exact arm's held-out accuracy goes 42.2% -> 65.6% while the loose arm's paid reward
+climbs 0.30 -> 0.78 and its held-out accuracy falls to 0.0%: it writes a run of digits. On a GPU,
+Qwen3-4B with the book's recipe on countdown (it knows last digits already), where the loose checker
+pays a completion that restates the target.
 
 Usage:
     uv run python labs/grpo-reward-hacking/train.py                        # every arm: GPU if there is one, else CPU
