@@ -34,6 +34,19 @@ PHASE = re.compile(r" during (.+?)(?:, at step \d+ of \d+|, before training star
 
 
 # --- recorded, then acted on (in this process) ------------------------------------------------------
+@pytest.fixture(autouse=True)
+def as_a_terminal_starts_it():
+    """This process's SIGINT and SIGHUP as a terminal starts it, even when pytest runs under nohup or
+    in a background job, which start it with them ignored: a signal already ignored stays ignored (the
+    harness keeps it so), and the tests below would send theirs into nothing."""
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGHUP)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
 def swallowing(seconds: float) -> None:
     """Foreign code that takes any exception for its own failure, as Unsloth's lazy imports do."""
     try:  # noqa: SIM105 (written as the foreign code it stands for is)
