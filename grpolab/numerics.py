@@ -19,9 +19,9 @@ So before torch computes anything, a CPU run fixes each of those choices (`pin`)
   same on Intel's and on other vendors' CPUs (its AVX2 branch is Intel's only);
 - oneDNN held to AVX2 as well (`ONEDNN_MAX_CPU_ISA`), for any kernel that reaches it.
 
-What it costs, measured 2026-12-03 on a 2-core AMD EPYC (README): chapter 1's command takes 1.53x
-the wall clock of the commit before, which trained 60 steps on two threads against its 80 on one,
-and 1.13x its CPU time. `current`
+What it costs, measured 2026-12-03 on a 2-core AMD EPYC (labs/grpo-first/README.md): chapter 1's
+command takes 1.53x the wall clock of the commit before, which trained 60 steps on two threads
+against its 80 on one, and 1.13x its CPU time. `current`
 reads back what the process really computes with (torch's threads, ATen's kernels, MKL's branch),
 and the run's tags say so: a process that computed before the pin (a notebook that trained in an
 earlier cell) or a CPU without AVX2 still runs, and says that its figures may differ from the book's.

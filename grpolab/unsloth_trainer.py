@@ -11,7 +11,8 @@ On a CPU this costs time TRL's own trainer would not take: the first call genera
 trainers (every TRL trainer, not only GRPO's), and the first step compiles Unsloth's log-prob code,
 which unsloth_zoo wraps in torch.compile (`_maybe_compile`, unsloth_zoo/rl_replacements.py) unless
 `UNSLOTH_COMPILE_DISABLE` is set. What the CPU profile's run learns through this trainer, and how
-long it takes, is measured in the README ("Without a GPU"), with the command and the date.
+long it takes, is measured on chapter 1's page (labs/grpo-first/README.md, "On a CPU"), with the
+command and the date.
 Under `loss_type="dr_grpo"` Unsloth's config turns an explicit `scale_rewards="group"` into "none";
 `scale_rewards=None` keeps the scaling ("group") (tests/test_unsloth_trainer.py checks both).
 """

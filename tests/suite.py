@@ -86,6 +86,7 @@ class Chapter:
     name: str
     command: str  # the README's command for it
     notebook: Path
+    measured: str  # the row's one line of what it measured
     environment: str | None  # a uv project of its own (verl's), or None: this one
 
     @property
@@ -98,9 +99,10 @@ class Chapter:
         return self.environment is None
 
 
+# | N. [title](labs/<name>/README.md) | `command` | `notebooks/NN-<name>.ipynb` | what it measured |
 ROW = re.compile(
-    r"^\| (?P<number>\d+)\. (?P<title>[^|]+?) \| `labs/(?P<name>[^/`]+)/train\.py` \| `(?P<command>[^`]+)` "
-    r"\| `(?P<notebook>notebooks/[^`]+\.ipynb)` \|$"
+    r"^\| (?P<number>\d+)\. \[(?P<title>[^\]]+)\]\(labs/(?P<name>[^/)]+)/README\.md\) \| `(?P<command>[^`]+)` "
+    r"\| `(?P<notebook>notebooks/[^`]+\.ipynb)` \| (?P<measured>[^|]+?) \|$"
 )
 
 
@@ -121,6 +123,7 @@ def chapters(readme: Path = README) -> list[Chapter]:
                 row["name"],
                 row["command"],
                 readme.parent / row["notebook"],
+                row["measured"],
                 environment,
             )
         )
@@ -140,6 +143,22 @@ def chapter_of(path: Path) -> Chapter | None:
         if path == c.notebook.resolve() or c.folder.resolve() in path.parents:
             return c
     return None
+
+
+# A page's picture: the first thing under its title, `![what it shows](file.png)`.
+PICTURE = re.compile(r"\A# [^\n]*\n+!\[[^\]]*\]\(([^)\s]+\.png)\)")
+
+
+def page_picture(page: Path) -> Path | None:
+    """The picture a page opens with (the line under its title), or None."""
+    found = PICTURE.match(page.read_text())
+    return (page.parent / found[1]).resolve() if found else None
+
+
+def update_screenshots() -> bool:
+    """UPDATE_SCREENSHOTS=1: the tests that read a run write its pictures into the checkout (the README's,
+    each chapter page's), where they otherwise write to a temporary folder."""
+    return os.environ.get("UPDATE_SCREENSHOTS") == "1"
 
 
 def trainer_labs() -> list[Path]:
@@ -490,6 +509,7 @@ def sample_comparison(**overrides):
             "train_activations": 80 * MIB,
         },
         measured={"base_weights": 110 * MIB, "kv_cache": 290 * MIB, "logits": 70 * MIB},
+        unit="mib",
         total_budget=450 * MIB,
         total_measured=500 * MIB,
         total_label="NVML process peak",

@@ -1,12 +1,13 @@
 """The chapter contract (docs/chapters.md), checked on every folder under labs/.
 
 A chapter is `labs/<name>/train.py` (a docstring with its usage, its GRPO config, `train(run)`, `main`)
-+ `labs/<name>/lab.toml` (its name and what it changes from the book's recipe) + its tests
++ `labs/<name>/lab.toml` (its name and what it changes from the book's recipe) + its page
+(`labs/<name>/README.md`, opening with its picture where it trains here) + its tests
 (`labs/<name>/test_*.py`, reading the suite's run of its README command) + its notebook pair
-`notebooks/NN-<name>.ipynb` / `.py` + one row of the README's chapter table. The chapters are
-discovered, not listed: a new folder is checked the moment it exists, the checker itself is tested
-on chapters that break each clause, and a sketched chapter is shown picked up by the suite with no
-edit outside what docs/chapters.md says a chapter touches.
+`notebooks/NN-<name>.ipynb` / `.py` + one row of the README's chapter table, linking to its page.
+The chapters are discovered, not listed: a new folder is checked the moment it exists, the checker
+itself is tested on chapters that break each clause, and a sketched chapter is shown picked up by the
+suite with no edit outside what docs/chapters.md says a chapter touches.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from budgets import compute
 from budgets.vocabulary import flag
 from grpolab.settings import FLAGS, PROFILES, check, lab_settings
 
-from suite import REPO_ROOT, load_lab_module
+from suite import REPO_ROOT, chapters, load_lab_module, page_picture
 
 CHAPTERS = sorted(toml.parent for toml in (REPO_ROOT / "labs").glob("*/lab.toml"))
 
@@ -58,6 +59,15 @@ def contract_problems(lab: Path, repo: Path = REPO_ROOT) -> list[str]:
         wanted = {"main"} if own_environment(lab) else {"main", "train", "grpo_config"}
         for missing in sorted(wanted - functions):
             problems.append(f"{name}: train.py has no {missing}()")
+    page = lab / "README.md"
+    if not page.is_file():
+        problems.append(f"{name}: no labs/{name}/README.md (its page, which its README row links to)")
+    elif not own_environment(lab) and page_picture(page) is None:
+        problems.append(
+            f"{name}: its page does not open with its picture (`![...](file.png)` under its title)"
+        )
+    elif not own_environment(lab) and not page_picture(page).is_file():
+        problems.append(f"{name}: its page's picture {page_picture(page).name} is not there")
     notebooks = sorted((repo / "notebooks").glob(f"[0-9][0-9]-{name}.ipynb"))
     if not notebooks:
         problems.append(f"{name}: no notebooks/NN-{name}.ipynb")
@@ -66,7 +76,7 @@ def contract_problems(lab: Path, repo: Path = REPO_ROOT) -> list[str]:
     rows = [
         line
         for line in (repo / "README.md").read_text().splitlines()
-        if re.match(r"\| \d+\. ", line) and f"`labs/{name}/train.py`" in line
+        if re.match(r"\| \d+\. ", line) and f"(labs/{name}/README.md)" in line
     ]
     if len(rows) != 1:
         problems.append(f"{name}: {len(rows)} rows in the README's chapter table (one wanted)")
@@ -117,11 +127,20 @@ def test_the_contract_catches_a_chapter_missing_a_clause(tmp_path):
         "def main(argv=None): ...\n"
     )
     (lab / "test_chapter.py").write_text("def test_it(chapter_run):\n    assert chapter_run.code == 0\n")
+    page = "# Chapter 4: next\n\n![Its run's chart](chart.png)\n"
+    (lab / "README.md").write_text(page)
+    (lab / "chart.png").write_bytes(b"")
     for suffix in (".ipynb", ".py"):
         (repo / "notebooks" / f"04-grpo-next{suffix}").write_text("")
-    row = "| 4. Next | `labs/grpo-next/train.py` | `uv run python labs/grpo-next/train.py` | `notebooks/04-grpo-next.ipynb` |"
+    row = (
+        "| 4. [Next](labs/grpo-next/README.md) | `uv run python labs/grpo-next/train.py` | "
+        "`notebooks/04-grpo-next.ipynb` | CPU: it learns |"
+    )
     (repo / "README.md").write_text(f"| chapter |\n{row}\n")
     assert contract_problems(lab, repo) == []
+    assert [(c.name, c.command) for c in chapters(repo / "README.md")] == [
+        ("grpo-next", "uv run python labs/grpo-next/train.py")
+    ], "the row the contract finds is the row the suite reads"
 
     (repo / "notebooks" / "04-grpo-next.ipynb").unlink()
     assert contract_problems(lab, repo) == ["grpo-next: no notebooks/NN-grpo-next.ipynb"]
@@ -129,6 +148,18 @@ def test_the_contract_catches_a_chapter_missing_a_clause(tmp_path):
     (repo / "README.md").write_text("| chapter |\n")
     assert contract_problems(lab, repo) == ["grpo-next: 0 rows in the README's chapter table (one wanted)"]
     (repo / "README.md").write_text(f"| chapter |\n{row}\n")
+    (lab / "README.md").unlink()
+    assert contract_problems(lab, repo) == [
+        "grpo-next: no labs/grpo-next/README.md (its page, which its README row links to)"
+    ]
+    (lab / "README.md").write_text("# Chapter 4: next\n\nA page with no picture.\n")
+    assert contract_problems(lab, repo) == [
+        "grpo-next: its page does not open with its picture (`![...](file.png)` under its title)"
+    ]
+    (lab / "README.md").write_text(page)
+    (lab / "chart.png").unlink()
+    assert contract_problems(lab, repo) == ["grpo-next: its page's picture chart.png is not there"]
+    (lab / "chart.png").write_bytes(b"")
     (lab / "train.py").write_text('"""Chapter 4.\n\nUsage: ..."""\n\ndef main(argv=None): ...\n')
     assert contract_problems(lab, repo) == [
         "grpo-next: train.py has no grpo_config()",
@@ -178,8 +209,8 @@ def files(root: Path) -> dict[str, bytes]:
 
 
 def sketch_chapter(repo: Path, name: str, number: int) -> None:
-    """Chapter `number` sketched as a copy of chapter 1: its folder (its lab.toml naming it), its
-    notebook pair, its README row after the last one."""
+    """Chapter `number` sketched as a copy of chapter 1: its folder (its lab.toml naming it, its page
+    chapter 1's), its notebook pair, its README row after the last one, linking to its page."""
     shutil.copytree(
         repo / "labs" / "grpo-first", repo / "labs" / name, ignore=shutil.ignore_patterns("__pycache__")
     )
@@ -190,8 +221,8 @@ def sketch_chapter(repo: Path, name: str, number: int) -> None:
     readme = (repo / "README.md").read_text().splitlines()
     last = max(i for i, line in enumerate(readme) if re.match(r"\| \d+\. ", line))
     row = (
-        f"| {number}. A sketch | `labs/{name}/train.py` | `uv run python labs/{name}/train.py` | "
-        f"`notebooks/{number:02d}-{name}.ipynb` |"
+        f"| {number}. [A sketch](labs/{name}/README.md) | `uv run python labs/{name}/train.py` | "
+        f"`notebooks/{number:02d}-{name}.ipynb` | not measured yet |"
     )
     (repo / "README.md").write_text("\n".join([*readme[: last + 1], row, *readme[last + 1 :]]) + "\n")
 
@@ -201,7 +232,7 @@ def test_a_sketched_chapter_is_picked_up_by_the_suite_with_no_edit_outside_its_o
     """A copy of this repository with chapter 5 sketched (a copy of chapter 1 with its own lab.toml,
     notebook and README row; nothing else edited, as docs/chapters.md lists): the suite collects its
     tests and its notebook's, would run its README command for them, and its shared checks (the
-    contract, every README command exercised) pass on it."""
+    contract, every command on every page exercised, every link resolving) pass on it."""
     repo = tmp_path / "repo"
     shutil.copytree(REPO_ROOT, repo, ignore=lambda folder, names: [n for n in names if n in SKIP_COPYING])
     before = files(repo)
@@ -225,7 +256,8 @@ def test_a_sketched_chapter_is_picked_up_by_the_suite_with_no_edit_outside_its_o
         "GRPOLAB_SUITE_PLAN": str(plan)
     }
     checks = [
-        "test_every_readme_command_is_exercised",
+        "test_every_command_on_every_page_is_exercised",
+        "test_every_relative_link_on_every_page_resolves",
         "test_every_chapter_has_its_files",
         "test_there_is_a_notebook_for_every_lab",
     ]
@@ -240,7 +272,8 @@ def test_a_sketched_chapter_is_picked_up_by_the_suite_with_no_edit_outside_its_o
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for passed in (
         "tests/test_chapters.py::test_every_chapter_has_its_files[grpo-sketch]",
-        "tests/test_readme.py::test_every_readme_command_is_exercised",
+        "tests/test_readme.py::test_every_command_on_every_page_is_exercised",
+        "tests/test_readme.py::test_every_relative_link_on_every_page_resolves",
         "tests/test_notebooks.py::test_there_is_a_notebook_for_every_lab",
     ):
         assert f"PASSED {passed}" in done.stdout, done.stdout[-3000:]

@@ -1,7 +1,7 @@
 """The matrix (grpolab.matrix): the book's CPU claims on every seed and on the machines one machine
-can stand in for. Its full run takes hours (the README gives its table); here its plan, its report on
-figures built by hand, and the README's quick form: chapter 1, shortened, in a plain process and in
-one forked from the suite's preloaded parent, which must compute the same.
+can stand in for. Its full run takes hours (docs/every-machine.md gives its table); here its plan,
+its report on figures built by hand, and the quick form that page gives: chapter 1, shortened, in a
+plain process and in one forked from the suite's preloaded parent, which must compute the same.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
-"""Every command in the README is exercised: by a test, by the suite's run of its chapter, or by .ci/run.
+"""Every command on every page is exercised (by a test, by the suite's run of its chapter, or by
+.ci/run), and every relative link on every page resolves.
 
-Nothing here lists the chapters or their commands. A README command is exercised where:
+The pages are what a reader opens: the front page (README.md), the harness's reference (docs/*.md),
+each chapter's page (labs/<chapter>/README.md) and the budget's (budgets/README.md). Nothing here
+lists the chapters, the pages or their commands. A command on a page is exercised where:
 - it is a chapter's command in the README's table: the suite runs it once for a chapter here
   (conftest.py: `chapter_run`; its tests may name a longer README form of it, `chapter_command`), and
   the chapter's own tests read that run; a chapter with an environment of its own runs it in its tests;
@@ -9,7 +12,9 @@ Nothing here lists the chapters or their commands. A README command is exercised
   `command_words`, `script_and_args`, `shlex.split`), with `<run>`-style placeholders filled in there;
 - or it is a line of .ci/run (which may add `--frozen` and send its output away).
 
-A command added to the README with none of these fails `test_every_readme_command_is_exercised`.
+A command added to a page with none of these fails `test_every_command_on_every_page_is_exercised`;
+a link to a file that is not there, or to a heading its page does not have, fails
+`test_every_relative_link_on_every_page_resolves`.
 """
 
 from __future__ import annotations
@@ -25,29 +30,63 @@ from pathlib import Path
 
 import pytest
 
-from suite import README, REPO_ROOT, chapters, command_words, run_command
+from suite import REPO_ROOT, chapters, command_words, run_command
 
 RUNNERS = {"run_command", "command_words", "script_and_args", "shlex.split"}
 CI = REPO_ROOT / ".ci" / "run"
+# The budget's commands, as chapter 1's page, docs/flags-and-recipe.md and budgets/README.md write them.
 BUDGET_COMMANDS = (
     "uv run python labs/grpo-first/train.py --budget-only",
     "uv run python labs/grpo-first/train.py --budget-only --profile cpu",
     "uv run python labs/grpo-first/train.py --budget-only --num-generations 16 --suggest-util",
     "uv run python labs/grpo-first/train.py --budget-only --unsloth-vllm-standby true",
+    "uv run python labs/grpo-first/train.py --budget-only --profile cpu --json",
+    "uv run python labs/grpo-first/train.py --budget-only --gpu t4 --suggest-util --headroom",
     "uv run python -m budgets --model qwen3-8b --gpu rtx-4090 --num-generations 16 --per-device-train-batch-size 16 --headroom",
     "uv run python -m budgets --model qwen3-32b --load-in-4bit false --gpu h100-sxm --gpus 4 --layout server --vllm-gpus 2 --json",
+    "uv run python -m budgets --model qwen3-8b --gpu rtx-4090 --num-generations 16 --json",
+    "uv run python -m budgets --model Qwen3-8B --gpu-memory-gb 24 --gpu-bandwidth-gbs 1008",
+    "uv run python -m budgets --model qwen3-32b --load-in-4bit false --gpu h100-sxm --gpus 4 --layout server "
+    "--vllm-gpus 2 --gpu-memory-utilization 0.9 --link-gbps 400",
 )
 README_JUPYTEXT_SYNC = "uv run jupytext --sync notebooks/*.py"
 
 
-def readme_commands(readme: Path = README) -> set[str]:
+# --- the pages and their commands ------------------------------------------------------------------
+def pages(root: Path = REPO_ROOT) -> list[Path]:
+    """Every page a reader opens: the front page, the reference in docs/, each chapter's page in its
+    folder, and the budget's."""
+    found = [
+        root / "README.md",
+        *sorted((root / "docs").glob("*.md")),
+        *sorted((root / "labs").glob("*/README.md")),
+        root / "budgets" / "README.md",
+    ]
+    return [p for p in found if p.is_file()]
+
+
+def page_commands(page: Path) -> set[str]:
+    return commands_in(page.read_text())
+
+
+def commands_in(text: str) -> set[str]:
+    """The commands of a page's bash blocks (a `\\` continues a line; a `  #` comment is not one)."""
     commands = set()
-    for block in re.findall(r"```bash\n(.*?)```", readme.read_text(), flags=re.S):
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split("  #")[0].strip()
             if line.startswith("uv "):
                 commands.add(" ".join(line.split()))
     return commands
+
+
+def commands_on_pages(root: Path = REPO_ROOT) -> dict[str, list[str]]:
+    """Every command on every page, and the pages it is on."""
+    found: dict[str, list[str]] = {}
+    for page in pages(root):
+        for command in page_commands(page):
+            found.setdefault(command, []).append(str(page.relative_to(root)))
+    return found
 
 
 # --- where a command is run -----------------------------------------------------------------------
@@ -167,22 +206,56 @@ def exercised(root: Path = REPO_ROOT) -> dict[str, str]:
     return where
 
 
-def test_every_readme_command_is_exercised():
-    where = exercised()
-    missing = sorted(readme_commands() - set(where))
-    assert not missing, f"README commands that nothing runs: {missing}"
+def unexercised(root: Path = REPO_ROOT) -> dict[str, list[str]]:
+    """The commands on the pages that nothing runs, and the pages they are on."""
+    where = exercised(root)
+    return {c: on for c, on in sorted(commands_on_pages(root).items()) if c not in where}
+
+
+def test_every_command_on_every_page_is_exercised():
+    assert unexercised() == {}, "commands on the pages that nothing runs"
+
+
+def test_the_front_page_is_short_and_opens_with_the_two_commands():
+    """README.md is a front page a newcomer reads in minutes: at most 200 lines, with both commands in
+    its first 80; each chapter's detail is on its page, the harness's reference in docs/."""
+    lines = (REPO_ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 200, len(lines)
+    first = commands_in("\n".join(lines[:80]))
+    assert {"uv run python labs/grpo-first/train.py", "uv run pytest"} <= first, first
+    found = {str(p.relative_to(REPO_ROOT)) for p in pages()}
+    assert {"budgets/README.md", *(f"labs/{c.name}/README.md" for c in chapters())} <= found
 
 
 def test_the_check_sees_a_command_nothing_runs(tmp_path):
     """The accounting above, on a sketched repository: a command in a comment, in a test that never
-    runs, or passed to nothing is not exercised; passed to a runner in a test, it is."""
+    runs, or passed to nothing is not exercised; passed to a runner in a test, it is. Every page counts:
+    a command nothing runs is named with the pages it is on, the front page's, a docs page's or a
+    chapter's page's alike; a chapter's table command counts on its page once its tests read its run."""
     (tmp_path / "tests").mkdir()
     (tmp_path / ".ci").mkdir()
+    (tmp_path / "docs").mkdir()
+    lab = tmp_path / "labs" / "grpo-next"
+    lab.mkdir(parents=True)
     (tmp_path / ".ci" / "run").write_text("uv run --frozen pytest\n# uv run mlflow ui\n")
     (tmp_path / "conftest.py").write_text("")
+    row = (
+        "| 1. [Next](labs/grpo-next/README.md) | `uv run python labs/grpo-next/train.py` | "
+        "`notebooks/01-grpo-next.ipynb` | CPU: it learns |"
+    )
     (tmp_path / "README.md").write_text(
-        "| chapter |\n```bash\nuv run python a.py --x  # a comment\nuv run python b.py\nuv run python c.py\n"
+        f"| chapter |\n{row}\n"
+        "```bash\nuv run python a.py --x  # a comment\nuv run python b.py\nuv run python c.py\n"
         "uv run python d.py <run>\nuv run pytest\nuv run mlflow ui\n```\n"
+    )
+    (tmp_path / "docs" / "reference.md").write_text(
+        "# Reference\n\n```bash\nuv run python a.py --x\nuv run python e.py    # on a page of docs/ only\n```\n"
+    )
+    (lab / "lab.toml").write_text('chapter = "grpo-next"\n')
+    (lab / "test_chapter.py").write_text("def test_it(chapter_run):\n    assert chapter_run.code == 0\n")
+    (lab / "README.md").write_text(
+        "# Next\n\n```bash\nuv run python labs/grpo-next/train.py\n"
+        "uv run python labs/grpo-next/train.py --fast    # on the chapter's page only\nuv run python b.py\n```\n"
     )
     (tmp_path / "tests" / "test_x.py").write_text(
         "import pytest\nA = 'uv run python a.py --x'\nB = 'uv run python b.py'\nD = 'uv run python d.py <run>'\n"
@@ -192,17 +265,28 @@ def test_the_check_sees_a_command_nothing_runs(tmp_path):
         "def test_c():\n    print(B)\n"
         "def test_d():\n    script_and_args(D.replace('<run>', 'r1'))\n"
     )
-    where = exercised(tmp_path)
-    assert sorted(readme_commands(tmp_path / "README.md") - set(where)) == [
-        "uv run mlflow ui",
-        "uv run python b.py",
-        "uv run python c.py",
+    assert [str(p.relative_to(tmp_path)) for p in pages(tmp_path)] == [
+        "README.md",
+        "docs/reference.md",
+        "labs/grpo-next/README.md",
     ]
+    assert unexercised(tmp_path) == {
+        "uv run mlflow ui": ["README.md"],
+        "uv run python b.py": ["README.md", "labs/grpo-next/README.md"],
+        "uv run python c.py": ["README.md"],
+        "uv run python e.py": ["docs/reference.md"],
+        "uv run python labs/grpo-next/train.py --fast": ["labs/grpo-next/README.md"],
+    }
+    where = exercised(tmp_path)
     assert where["uv run python d.py <run>"] == "tests/test_x.py" and where["uv run pytest"] == ".ci/run"
+    assert where["uv run python labs/grpo-next/train.py"].startswith("the suite's run of grpo-next")
 
 
 def test_a_chapter_here_counts_once_its_tests_read_its_run(tmp_path):
-    row = "| 5. Next | `labs/grpo-next/train.py` | `uv run python labs/grpo-next/train.py` | `notebooks/05-grpo-next.ipynb` |"
+    row = (
+        "| 5. [Next](labs/grpo-next/README.md) | `uv run python labs/grpo-next/train.py` | "
+        "`notebooks/05-grpo-next.ipynb` | CPU: it learns |"
+    )
     (tmp_path / "README.md").write_text(f"| chapter |\n{row}\n")
     lab = tmp_path / "labs" / "grpo-next"
     lab.mkdir(parents=True)
@@ -212,6 +296,83 @@ def test_a_chapter_here_counts_once_its_tests_read_its_run(tmp_path):
     assert chapter_commands(tmp_path)["uv run python labs/grpo-next/train.py"].startswith(
         "the suite's run of grpo-next"
     )
+
+
+# --- every relative link resolves ------------------------------------------------------------------
+FENCE = re.compile(r"^```.*?^```", flags=re.S | re.M)
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")  # [text](target), ![alt](target)
+HEADING = re.compile(r"^#{1,6} +(.+?) *#*$", flags=re.M)
+
+
+def prose(text: str) -> str:
+    """A page without its code: links and headings in a code block or span are not the page's."""
+    return CODE_SPAN.sub("", FENCE.sub("", text))
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lowercase, punctuation dropped but for hyphens, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors of a page's headings (GitHub numbers a repeated one: `x`, `x-1`, `x-2`)."""
+    found: set[str] = set()
+    for heading in HEADING.findall(FENCE.sub("", page.read_text())):
+        name, n = slug(heading), 0
+        while (f"{name}-{n}" if n else name) in found:
+            n += 1
+        found.add(f"{name}-{n}" if n else name)
+    return found
+
+
+def broken_links(root: Path = REPO_ROOT) -> list[str]:
+    """Each relative link on every page whose file or folder is not there, or whose `#anchor` is not a
+    heading of the page it points to, as `page: target: why`."""
+    problems = []
+    for page in pages(root):
+        for target in LINK.findall(prose(page.read_text())):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:: not a file here
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            where = f"{page.relative_to(root)}: {target}"
+            if not linked.exists():
+                problems.append(f"{where}: no such file or folder")
+            elif anchor and linked.suffix != ".md":
+                problems.append(f"{where}: an anchor into a page that is not markdown")
+            elif anchor and anchor not in anchors(linked):
+                problems.append(f"{where}: no heading with that anchor")
+    return problems
+
+
+def test_every_relative_link_on_every_page_resolves():
+    assert broken_links() == []
+
+
+def test_the_link_check_sees_a_broken_link_and_a_broken_anchor(tmp_path):
+    """On sketched pages: a link to a file that is not there and an anchor no heading has are named;
+    links that resolve (a file, a folder, a heading of another page or of the page itself, a picture),
+    links to the web and links written in code are not."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "labs" / "grpo-next").mkdir(parents=True)
+    (tmp_path / "docs" / "picture.png").write_bytes(b"")
+    (tmp_path / "README.md").write_text(
+        "# GRPO\n\n## The same results on every machine\n\n## Tests\n\n"
+        "![the picture](docs/picture.png) [a chapter](labs/grpo-next/README.md) [docs](docs/)\n"
+        "[below](#tests) [the web](https://example.com/x#y) `[in code](nowhere.md)`\n"
+        "```bash\n[in a block](nowhere.md)\n```\n"
+    )
+    (tmp_path / "labs" / "grpo-next" / "README.md").write_text(
+        "# Chapter: next, `in code`\n\n"
+        "[the matrix](../../README.md#the-same-results-on-every-machine) [top](#chapter-next-in-code)\n"
+        "[gone](../../docs/every-machine.md) [moved](../../README.md#the-matrix)\n"
+    )
+    assert broken_links(tmp_path) == [
+        "labs/grpo-next/README.md: ../../docs/every-machine.md: no such file or folder",
+        "labs/grpo-next/README.md: ../../README.md#the-matrix: no heading with that anchor",
+    ]
+    assert slug("Chapter 4: reward hacking, watched") == "chapter-4-reward-hacking-watched"
 
 
 # --- the commands run here ------------------------------------------------------------------------
