@@ -307,7 +307,7 @@ def run_stops(background: Background, _: str) -> dict:
     return {"reference": reference, "stopped": done, "markers": markers(reference.lab.lines)}
 
 
-# --- the README's quick matrix: chapter 1 shortened, in a plain process and a forked one ---------------
+# --- the quick matrix (docs/every-machine.md): chapter 1 shortened, in a plain process and a forked one -
 def run_matrix_quick(background: Background, _: str) -> dict:
     """The README's command, its report written to a folder of the session's: its plain cell is a fresh
     process that imports the stack itself, so it runs beside the rest, not in the tests' turn."""
