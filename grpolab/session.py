@@ -412,9 +412,7 @@ def _log_measurement(run: Run, status: str, doctor: str = "", ending: str = "fin
         extra |= comparison.phase_pairs(run.sheet, meter.probe.step_phase_peaks)
         ledger = meter.vllm_ledger()
         extra |= ledger.metrics() if ledger is not None else {}
-    tracking.log_comparison(
-        c, figure, extra, MEMORY_LABELS, note, run.device.on_gpu, step=run.measure_step, opening=opening
-    )
+    tracking.log_comparison(c, figure, extra, MEMORY_LABELS, note, step=run.measure_step, opening=opening)
     if doctor:  # the doctor read this run (an out-of-memory ends before it can)
         tracking.log_findings(run.findings)
     run_result.write(run, status, c, ending=ending)

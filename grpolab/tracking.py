@@ -395,7 +395,6 @@ def log_comparison(
     extra_metrics: dict[str, float],
     labels: dict[str, str],
     note: str,
-    on_gpu: bool,
     step: int = 0,
     opening=None,
 ) -> None:
@@ -407,7 +406,7 @@ def log_comparison(
 
     from grpolab import comparison, overview
 
-    unit = memory_unit(on_gpu)
+    unit = c.unit  # the unit its table and its Overview are written in: the keys say the same
     size = MEMORY_UNITS[unit]
     metrics = dict(extra_metrics)
     for name in c.paired:
