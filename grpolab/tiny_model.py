@@ -10,12 +10,12 @@ shaped like each of the book's tasks' (addition, countdown, sorting), about a th
 <ans></ans> and all of them another prompt's answer: like a real base model, it then answers in the
 task's format now and then (about 14% of samples) and almost never correctly, so GRPO has something
 to reinforce. A run on another task (chapter 4's `lastdigit`) gets a stand-in of its own: this one,
-warm-started 250 steps more on 1200 of that task's rows, half of them answered right and a fifth
-echoing the prompt's number. Measured 2026-12-02 (2-core CPU): 37.5% of 64 held-out prompts right,
-greedy, before any GRPO, so GRPO has right answers to reinforce and room to raise them, and about
-30 seconds to build on top of the book's. A purely random model lands the format (exactly one tag
-holding a well-formed answer) in well under 1% of samples, too rarely for a group of 16 to hold a
-success. Built once, then cached as an ordinary `save_pretrained` folder
+warm-started 250 steps more on 1200 of that task's rows, half of them answered right, 30%
+echoing the prompt's number, half of them inside the tag. Measured 2026-12-04: 42 to 49 of 64
+held-out prompts right, greedy, before any GRPO (by seed), so GRPO has right answers to reinforce and
+room to raise them, and about 30 seconds to build on top of the book's. A purely random model lands
+the format (exactly one tag holding a well-formed answer) in well under 1% of samples, too rarely for
+a group of 16 to hold a success. Built once, then cached as an ordinary `save_pretrained` folder
 that Unsloth and transformers load like any model from the Hub, under a name that changes with the
 recipe, and under a lock so two first runs build it once.
 
@@ -58,8 +58,15 @@ BOOK_TASKS = ("addition", "countdown", "sorting")
 # loose checker pays and the exact reward does not. Continuing from the book's stand-in, on short rows,
 # keeps its build to seconds. Measured 2026-12-02 on lastdigit (greedy, 64 held-out prompts), by the
 # steps beyond the book's: 150 steps 6% right (no better than a guess), 200 31%, 250 50%, 300 70%, 400
-# 72%; 250 leaves GRPO room to show an honest reward raising it.
-OWN_TASK = {"rows": 1200, "steps": 250, "known": 0.5, "echo": 0.2}
+# 72%; 250 leaves GRPO room to show an honest reward raising it. Half of its rows inside the tag (the
+# book's stand-in: 30%) and 30% of them echoing the number, both for chapter 4 on every seed (measured
+# 2026-12-04 under the pinned arithmetic, 24 steps an arm, seeds 0-4): a right answer pays only inside
+# the tag, and at 30% tagged a sampled completion was right and tagged about one time in seven, so
+# the exact arm gained as little as 3 held-out prompts of 64 on one seed; at 50% the loose arm at the
+# book's beta, paid as often for the right digit as for the hack, learned the task instead of hacking
+# on one seed of five; with 30% echoing (not 20%), the echo, which always pays, is the loose checker's
+# surest payout, and both loose arms hack on all five.
+OWN_TASK = {"rows": 1200, "steps": 250, "known": 0.5, "echo": 0.3, "tagged": 0.5}
 # Chapter 1's CPU profile (`small-addition`, sums of numbers in 0..19) gets its own recipe: every
 # answer right, rows drawn from the training split only (the held-out problems are never shown), a
 # fifth of them in the tag, 1200 steps. Then it works out the sums of held-out problems it never saw,

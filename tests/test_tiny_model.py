@@ -127,9 +127,9 @@ def test_a_task_added_to_the_registry_does_not_change_the_books_stand_in(monkeyp
     assert tiny_model.warm_start_texts(tokenizer) == book_pairs
     own_hash = tiny_model.recipe_hash("lastdigit")
     assert own_hash not in (book, tiny_model.recipe_hash("addition-too"))
-    # Chapter 4's stand-in is derived as it was (the name its cache has had since it was measured),
-    # whatever other task gets a recipe of its own (chapter 1's small-addition).
-    assert own_hash == "3e72ed46e159" and tiny_model.recipe_hash("small-addition") not in (book, own_hash)
+    # Chapter 4's stand-in is derived as it was measured (the name its shipped weights have), whatever
+    # other task gets a recipe of its own (chapter 1's small-addition).
+    assert own_hash == "53793162aeb2" and tiny_model.recipe_hash("small-addition") not in (book, own_hash)
     monkeypatch.setitem(tiny_model.WARM_START, "steps", 201)  # the book's recipe changes: so does the task's
     assert tiny_model.recipe_hash("lastdigit") != own_hash
 
@@ -152,7 +152,7 @@ def test_a_task_of_its_own_is_answered_right_now_and_then_and_sometimes_echoed(t
     # ten of the rest).
     assert known - 0.05 <= right <= known + 0.1, right
     assert abs(echoed - echo) < 0.05, echoed
-    assert abs(tagged - tiny_model.WARM_START["tagged"]) < 0.05, tagged
+    assert abs(tagged - tiny_model.OWN_TASK["tagged"]) < 0.05, tagged
     assert all(p.startswith("<|im_start|>system") and p.endswith("<|im_start|>assistant\n") for p, _ in own)
 
 
