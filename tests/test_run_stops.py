@@ -176,7 +176,8 @@ def test_no_stop_is_lost_none_ends_finished_or_running(stops):
 def test_each_stop_names_the_phase_it_was_sent_in_or_the_next(stops):
     """A signal sent as a phase began is acted on at that phase's end: the run names that phase (or, for
     a phase shorter than the signal's way from the test to the lab, one after it, never one before).
-    The long phases are named exactly, on any machine: the signal is sent by what the lab reports."""
+    The long phases (the evaluations, training) are named exactly, on any machine: the signal is sent
+    by what the lab reports."""
     order = [m.removeprefix(PHASE_PREFIX) for m in stops["markers"] if m.startswith(PHASE_PREFIX)]
     exact = set()
     for case in [c for c in sent(stops) if c.marker.startswith(PHASE_PREFIX) and c.runs]:
@@ -189,8 +190,11 @@ def test_each_stop_names_the_phase_it_was_sent_in_or_the_next(stops):
             continue
         assert named in order and order.index(named) >= order.index(phase), (phase, named)
         exact |= {named} if named == phase else set()
+    # Only the long phases: on a CPU the stand-in's load ("the model's load") can end before the signal
+    # reaches the lab on a loaded machine (2026-12-04, a fresh-clone CI under OMP_NUM_THREADS=1 with
+    # another lab running beside it: no stop sent at the model's load named it; each named a later
+    # phase). The loop above still holds it, as every phase, to never naming one before its own.
     assert {"the base's held-out evaluation", "training", "the adapter's held-out evaluation"} <= exact, exact
-    assert any(p.startswith("the model's load") for p in exact), exact
     steps = [c for c in sent(stops) if c.marker.startswith(STEP_PREFIX) and c.signum == signal.SIGTERM]
     for case in steps:
         (run,) = case.runs
