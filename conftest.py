@@ -150,6 +150,12 @@ def run_chapter(background: Background, name: str) -> ChapterRun:
     chapter = next(c for c in chapters() if c.name == name)
     store = background.folder(f"chapter-{name}")
     uri = f"sqlite:///{store / 'mlflow.db'}"
+    if chapter.starts_from is not None:  # its command reads that chapter's README run: a copy of its store
+        earlier = background.result(f"chapter:{chapter.starts_from}")
+        assert earlier.code == 0, (
+            f"{name} starts from {chapter.starts_from}'s run, which failed:\n{earlier.log()}"
+        )
+        _copy_sqlite(earlier.store / "mlflow.db", store / "mlflow.db")
     script, args = script_and_args(background.commands.get(name, chapter.command))
     before = set((OUTPUTS / name).glob("*"))
     lab = Lab(name, script, args, uri, store)
@@ -163,6 +169,15 @@ def run_chapter(background: Background, name: str) -> ChapterRun:
     return ChapterRun(
         chapter, command, code, lab.stdout, lab.stderr, lab.seconds, store, uri, client, runs, written
     )
+
+
+def _copy_sqlite(source: Path, target: Path) -> None:
+    """A consistent copy of a SQLite store another test may be writing to (SQLite's backup, not a
+    file copy that could catch half a transaction)."""
+    import sqlite3
+
+    with sqlite3.connect(source) as src, sqlite3.connect(target) as dst:
+        src.backup(dst)
 
 
 # --- the wave: chapter 1's lab ended every way a run can end ---------------------------------------

@@ -109,8 +109,8 @@ def evaluate(
     adapter_dir: Path | None = None,
     reward_funcs: Sequence[Callable[..., list[float]]] = (),
 ) -> EvalResult:
-    """One greedy completion per held-out prompt, scored. `which` is "base" (the adapter off) or
-    "adapter"; on a GPU the adapter reaches vLLM from its saved folder. `reward_funcs`: the rewards the
+    """One greedy completion per held-out prompt, scored. `which` is "base" (the adapter off),
+    "adapter", or the name of another model scored as it is (chapter 6's merges); on a GPU the adapter reaches vLLM from its saved folder. `reward_funcs`: the rewards the
     run trained on, scored beside the task's own."""
     rows = eval_rows(settings)
     prompts = [
@@ -121,7 +121,8 @@ def evaluate(
             model, prompts, settings, adapter_dir if which == "adapter" else None
         )
     else:
-        completions, lengths = _generate_hf(model, tokenizer, prompts, settings, adapter=which == "adapter")
+        # Only "base" turns the adapter off; any other model (a merge, a reload) runs as it is.
+        completions, lengths = _generate_hf(model, tokenizer, prompts, settings, adapter=which != "base")
     return score(settings, rows, completions, lengths, which, reward_funcs)
 
 

@@ -85,14 +85,7 @@ class Resume:
     def settings(self, lab_dir: Path, overrides: dict[str, Any]) -> LabSettings:
         """The run's logged settings with what the command line changed; a change that would change
         the training is refused, naming each."""
-        from grpolab.flags import parser
-
-        logged = {name: self.params[name] for name in FLAGS if name in self.params}
-        argv = [part for name, text in logged.items() for part in (flag(name), text)]
-        as_logged = {
-            name: value for name, value in vars(parser("").parse_args(argv)).items() if name in logged
-        }
-        settings = lab_settings(lab_dir, self.profile, {**as_logged, **overrides})
+        settings = logged_settings(lab_dir, self.run, overrides)
         differ = {
             name: (self.params[name], flag_text(getattr(settings, name)))
             for name in FIELDS
@@ -123,6 +116,19 @@ class Resume:
             "changed": {name: f"{old} -> {new}" for name, (old, new) in self.changed.items()},
             "skipped": self.skipped,
         }
+
+
+def logged_settings(lab_dir: Path, run: Any, overrides: dict[str, Any] | None = None) -> LabSettings:
+    """A run's settings as it logged them (each setting's param read back as its flag would be), under
+    the profile it ran, with `overrides` on top: what resuming it continues, what shipping it scores."""
+    from grpolab.flags import parser
+
+    params, tags = run.data.params, run.data.tags
+    logged = {name: params[name] for name in FLAGS if name in params}
+    argv = [part for name, text in logged.items() for part in (flag(name), text)]
+    as_logged = {name: value for name, value in vars(parser("").parse_args(argv)).items() if name in logged}
+    profile = tags.get("profile") or params.get("profile", "")
+    return lab_settings(lab_dir, profile, {**as_logged, **(overrides or {})})
 
 
 def find(target: str, chapter: str, client) -> Resume:

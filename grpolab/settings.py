@@ -181,6 +181,11 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in FLAGS if getattr(args, name, None) is not None}
 
 
+# What a chapter's lab.toml may say of the chapter itself rather than of its settings: the chapter whose
+# README run its command starts from (chapter 6 ships chapter 1's adapter; tests/suite.py reads it).
+CHAPTER_KEYS = ("starts_from",)
+
+
 def read_toml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise LabSettingsError(f"no lab settings at {path}: pass a lab folder such as labs/grpo-first")
@@ -224,6 +229,8 @@ def lab_settings(
     if "num_generations" in given and "per_device_train_batch_size" not in given:
         values.update(follow_group(values, given["num_generations"]))  # the batch follows the group
     values.update(given)
+    for key in CHAPTER_KEYS:  # of the chapter, not of its runs
+        values.pop(key, None)
     unknown = sorted(set(values) - set(FIELDS) - {"layout"})
     if unknown:
         raise LabSettingsError(f"{path}: unknown setting(s) {', '.join(unknown)}")

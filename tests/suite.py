@@ -88,6 +88,7 @@ class Chapter:
     notebook: Path
     measured: str  # the row's one line of what it measured
     environment: str | None  # a uv project of its own (verl's), or None: this one
+    starts_from: str | None = None  # the chapter whose README run its command reads (lab.toml), or None
 
     @property
     def folder(self) -> Path:
@@ -115,7 +116,8 @@ def chapters(readme: Path = README) -> list[Chapter]:
             continue
         folder = readme.parent / "labs" / row["name"]
         toml = folder / "lab.toml"
-        environment = tomllib.loads(toml.read_text()).get("environment") if toml.is_file() else None
+        declared = tomllib.loads(toml.read_text()) if toml.is_file() else {}
+        environment = declared.get("environment")
         found.append(
             Chapter(
                 int(row["number"]),
@@ -125,6 +127,7 @@ def chapters(readme: Path = README) -> list[Chapter]:
                 readme.parent / row["notebook"],
                 row["measured"],
                 environment,
+                declared.get("starts_from"),
             )
         )
     return found

@@ -1,0 +1,182 @@
+"""Chapter 6's harness: the training run's adapter through every stage, each scored, in one MLflow run."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from grpolab.errors import LabSettingsError, refuse
+from grpolab.paths import REPO_ROOT
+
+CHAPTER = "grpo-ship"
+FIRST_DIR = REPO_ROOT / "labs" / "grpo-first"
+CHART = "ship/accuracy_by_stage.png"
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    """Every chapter's flags (the settings apply to the short form trained when there is no run to
+    ship), and the shipping's own."""
+    from grpolab.flags import parser as lab_parser
+
+    ap = lab_parser(description)
+    ship = ap.add_argument_group("shipping")
+    ship.add_argument(
+        "--from",
+        dest="source",
+        default="last",
+        metavar="RUN",
+        help="what to ship: `last` (chapter 1's latest FINISHED run in the store), a training run's id, or "
+        "the adapter folder it saved",
+    )
+    ship.add_argument("--port", type=int, default=0, help="the scoring server's port (0: any free one)")
+    ship.add_argument(
+        "--llama-cpp",
+        type=Path,
+        metavar="DIR",
+        help="a llama.cpp checkout whose convert_hf_to_gguf.py writes the GGUF file (default: $LLAMA_CPP)",
+    )
+    return ap
+
+
+def main(lab_dir: Path, train: Callable, argv: list[str] | None, doc: str) -> int:
+    from grpolab import endings
+
+    args = parser(doc.split("\n\n")[0] if doc else "").parse_args(argv)
+    with endings.STOPS.armed() as stops:
+        try:
+            return _main(lab_dir, train, args, stops)
+        except KeyboardInterrupt as stop:
+            return endings.exit_after(stop, stops)
+
+
+def _main(lab_dir: Path, train: Callable, args: argparse.Namespace, stops) -> int:
+    from budgets.shipping import merge_cost
+    from grpolab import console, store, tracking
+    from grpolab import device as devices
+    from grpolab.settings import check, lab_settings, overrides_from
+    from grpolab.ship import serve
+    from grpolab.ship import source as sources
+
+    stops.enter("the ship's preparation (imports, the run to ship)")
+    console.quiet_library_noise()
+    try:
+        store.require(tracking.tracking_uri())
+        device = devices.detect()
+        profile = ("gpu" if device.on_gpu else "cpu") if args.profile == "auto" else args.profile
+        if profile == "gpu" and not device.on_gpu:
+            raise LabSettingsError("--profile gpu needs a CUDA GPU and torch sees none: drop --profile")
+        if profile == "cpu":
+            from grpolab import numerics
+
+            numerics.pin()  # before torch computes: the same answers on every machine
+        short_form = lab_settings(lab_dir, profile, overrides_from(args))
+        check(short_form)
+        if args.port:
+            serve.check_port(args.port)
+    except (LabSettingsError, devices.DeviceError) as err:
+        return refuse(err)
+    cost = merge_cost(short_form.model if profile == "gpu" else "tiny-qwen3")
+    print(f"The ship's sheet (budgets/shipping.py):\n  {cost.line()}", flush=True)
+    if args.budget_only:
+        return 0
+    client = tracking.client()
+    try:
+        try:
+            found = sources.find(args.source, client, FIRST_DIR, args.profile)
+        except sources.NoFinishedRun as none:
+            if profile != "cpu":
+                raise
+            print(
+                f"{none}\nOn a CPU, chapter 6 trains chapter 1's short form first "
+                f"({short_form.max_steps} steps), then ships it.",
+                flush=True,
+            )
+            code = _train_short_form(train, short_form, args)
+            if code != 0:
+                return code
+            found = sources.find("last", client, FIRST_DIR, args.profile)
+        sources.check_shape(found)
+        _check_disk(args.output_dir, cost)
+    except LabSettingsError as err:
+        return refuse(err)
+    return _ship(found, profile, device, args, cost)
+
+
+def _train_short_form(train: Callable, short_form, args) -> int:
+    """Chapter 1's lesson with this chapter's lab.toml (fewer steps), as a run of chapter 1."""
+    import grpolab
+    from budgets.vocabulary import flag, flag_text
+
+    argv = ["--profile", "cpu", "--output-dir", str(args.output_dir)]
+    for name in ("max_steps", *sorted(short_form.overridden)):
+        argv += [flag(name), flag_text(getattr(short_form, name))]
+    return grpolab.run_lab(FIRST_DIR, train, argv, doc="")
+
+
+def _check_disk(output_dir: Path, cost) -> None:
+    folder = Path(output_dir).expanduser().resolve()
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    free = shutil.disk_usage(existing).free
+    if free < cost.disk_bytes:
+        from budgets.units import human_bytes
+
+        raise LabSettingsError(
+            f"ship: {existing} has {human_bytes(free)} free and the merge needs {human_bytes(cost.disk_bytes)} "
+            "(the 16-bit merge, its GGUF file and MLflow's copy): free some, or pass --output-dir on a larger disk"
+        )
+
+
+def _ship(found, profile: str, device, args, cost) -> int:
+    from grpolab import policy  # Unsloth first: it patches transformers and TRL  # noqa: F401
+
+    # isort: split
+    import mlflow
+
+    from grpolab import tracking
+    from grpolab.endings import STOPS
+    from grpolab.ship import report
+    from grpolab.ship.stages import run_stages
+
+    name = tracking.run_name(profile)
+    folder = Path(args.output_dir).expanduser().resolve() / CHAPTER / name
+    tags = {
+        "profile": profile,
+        "chapter": CHAPTER,
+        "run_kind": "ship",
+        "ship.source_run": found.run_id,
+        "ship.adapter": str(found.adapter_dir),
+        "output_dir": str(folder),
+        "mlflow.source.name": "labs/grpo-ship/train.py",
+    }
+    print(
+        f"Shipping run {found.run_id} ({found.run.info.run_name}): its adapter scored "
+        f"{found.adapter_accuracy:.1%} on {found.settings.eval_prompts} held-out prompts, the base "
+        f"{found.base_accuracy:.1%}.",
+        flush=True,
+    )
+    try:
+        with tracking.lab_run(CHAPTER, name, tags) as run:
+            mlflow.log_params(
+                {
+                    "source_run": found.run_id,
+                    "task": found.settings.task,
+                    "eval_prompts": found.settings.eval_prompts,
+                    "max_completion_length": found.settings.max_completion_length,
+                    "model": found.settings.model,
+                    "merge_host_bytes": cost.merged_bytes,
+                    "merge_disk_bytes": cost.disk_bytes,
+                }
+            )
+            stages, registered = run_stages(found, profile, folder, args)
+            STOPS.enter("the ship run's report")
+            verdict = report.log(found, stages, registered)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)  # a ship that did not finish leaves no half of itself
+        raise
+    print("\n".join(report.lines(found, stages)))
+    print(verdict.splitlines()[0])
+    print(f"Registered {registered}" if registered else "")
+    print(f"MLflow run {run.info.run_id}: {tracking.run_url(run)}")
+    return 0

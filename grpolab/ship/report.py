@@ -1,0 +1,145 @@
+"""The ship run's record: each stage's figures, the chart, and the verdict that opens its Overview."""
+
+from __future__ import annotations
+
+from grpolab.ship.stages import Stage
+
+# A stage keeps what GRPO taught when it answers the held-out prompts as the adapter did: the reload
+# every answer the same (the same weights, the same arithmetic); a stage that rounds the weights within
+# one prompt of the adapter's score (a 16-bit float moves a logit by about 1e-3, which can flip one close
+# greedy choice). Beyond that it lost what was taught, or, scoring higher, it is another model than the
+# one trained and evaluated: what it learned was not measured, it happened.
+TOLERANCE_PROMPTS = {"reload": 0}
+DEFAULT_TOLERANCE = 1
+
+
+def outcome(stage: Stage, logged_right: int) -> str | None:
+    """ "kept", "lost" or "changed" (another model, scoring higher); None when it was not scored."""
+    if stage.result is None:
+        return None
+    diff = round(stage.result.accuracy * stage.result.prompts) - logged_right
+    if abs(diff) <= TOLERANCE_PROMPTS.get(stage.name, DEFAULT_TOLERANCE):
+        return "kept"
+    return "lost" if diff < 0 else "changed"
+
+
+def kept(stage: Stage, logged_right: int) -> bool | None:
+    found = outcome(stage, logged_right)
+    return None if found is None else found == "kept"
+
+
+def table(found, stages: list[Stage]) -> list[tuple[str, str, str, str, str]]:
+    """(stage, held-out right, against the adapter, answers changed, kept?) per stage."""
+    n = found.settings.eval_prompts
+    logged = round(found.adapter_accuracy * n)
+    reference = stages[0].result
+    rows = [("adapter (training run)", f"{logged}/{n} ({found.adapter_accuracy:.1%})", "", "", "")]
+    for stage in stages:
+        if stage.result is None:
+            rows.append((stage.name, "not scored", "", "", ""))
+            continue
+        right = round(stage.result.accuracy * stage.result.prompts)
+        changed = stage.changed(reference) if stage.name != "reload" else 0
+        rows.append(
+            (
+                stage.name,
+                f"{right}/{n} ({stage.result.accuracy:.1%})",
+                f"{right - logged:+d} prompts",
+                str(changed),
+                outcome(stage, logged).upper() if outcome(stage, logged) != "kept" else "kept",
+            )
+        )
+    return rows
+
+
+def lines(found, stages: list[Stage]) -> list[str]:
+    rows = [("stage", "held-out right", "vs the adapter", "answers changed", ""), *table(found, stages)]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+def verdict(found, stages: list[Stage]) -> str:
+    n = found.settings.eval_prompts
+    logged = round(found.adapter_accuracy * n)
+    reference = stages[0].result
+    by = {o: [s for s in stages if outcome(s, logged) == o] for o in ("kept", "lost", "changed")}
+    first = f"Kept what GRPO taught ({logged} of {n} held-out prompts right): {', '.join(s.name for s in by['kept']) or 'no stage'}."
+
+    def said(s: Stage) -> str:
+        right = round(s.result.accuracy * n)
+        return f"{s.name} ({right} of {n}, {right - logged:+d}; {s.changed(reference)} answers changed)"
+
+    if by["lost"]:
+        first += " Lost it: " + "; ".join(said(s) for s in by["lost"]) + "."
+    if by["changed"]:
+        first += " Another model than the one trained: " + "; ".join(said(s) for s in by["changed"]) + "."
+    details = [f"- **{s.name}**: {s.note}" for s in stages if s.note]
+    return "\n".join([first, "", *details])
+
+
+def chart(found, stages: list[Stage]):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = found.settings.eval_prompts
+    logged = round(found.adapter_accuracy * n)
+    names = [s.name for s in stages]
+    right = [round(s.result.accuracy * n) if s.result else 0 for s in stages]
+    colours = [{"kept": "#4c956c", "lost": "#c0504d"}.get(outcome(s, logged), "#d4a017") for s in stages]
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    ax.bar(names, right, color=colours)
+    ax.axhline(
+        logged, color="black", linestyle="--", linewidth=1, label=f"the adapter, as trained ({logged})"
+    )
+    if found.base_accuracy is not None:
+        base = round(found.base_accuracy * n)
+        ax.axhline(base, color="grey", linestyle=":", linewidth=1, label=f"the base, before GRPO ({base})")
+    reference = stages[0].result
+    for x, (stage, value) in enumerate(zip(stages, right, strict=True)):
+        changed = stage.changed(reference) if stage.result is not None else 0
+        label = f"{value}" + (f"\n{changed} answers\nchanged" if changed else "")
+        ax.text(x, value + n * 0.01, label, ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, n * 1.3)
+    ax.set_ylabel(f"held-out prompts right, of {n}")
+    ax.set_title("What each step of shipping kept of what GRPO taught")
+    ax.legend(loc="upper center", ncol=2, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def log(found, stages: list[Stage], registered: str) -> str:
+    """Every stage's metrics, the chart and the table as artifacts, the verdict as the Overview."""
+    import matplotlib.pyplot as plt
+    import mlflow
+
+    from grpolab.ship.lab import CHART
+
+    reference = stages[0].result
+    metrics = {"ship/adapter/accuracy": found.adapter_accuracy}
+    for stage in stages:
+        metrics |= stage.metrics(reference)
+        if stage.result is not None:  # measured against the training run's logged figure, not the reload
+            metrics[f"ship/{stage.name}/accuracy_diff"] = stage.result.accuracy - found.adapter_accuracy
+    mlflow.log_metrics(metrics)
+    fig = chart(found, stages)
+    mlflow.log_figure(fig, CHART)
+    plt.close(fig)
+    rows = table(found, stages)
+    mlflow.log_table(
+        {
+            k: [r[i] for r in rows]
+            for i, k in enumerate(("stage", "held_out_right", "vs_adapter", "answers_changed", "kept"))
+        },
+        artifact_file="ship/stages.json",
+    )
+    text = verdict(found, stages)
+    header = "| stage | held-out right | vs the adapter | answers changed | |\n|---|---|---|---|---|\n"
+    body = "\n".join("| " + " | ".join(r) + " |" for r in rows)
+    mlflow.set_tag(
+        "mlflow.note.content",
+        f"{text}\n\n{header}{body}\n\nThe 16-bit merge is registered as `{registered}` "
+        f"(its version's tag `training_run` = {found.run_id}).\n\n![stages]({CHART})",
+    )
+    return text

@@ -1,0 +1,302 @@
+"""The stages an adapter goes through on its way to users, each scored on the training run's held-out
+prompts, greedy, with the task's exact checker (grpolab.evaluate), against what the adapter scored.
+
+    reload        the saved adapter, loaded by Unsloth's loader from its folder in this (fresh) process
+    merged_16bit  merged into the base's weights in 16 bit: a plain transformers folder
+    merged_4bit   merged into the 4-bit weights and requantized: the trap
+    gguf          the 16-bit merge as a GGUF file (llama.cpp's format)
+    served        the registered 16-bit merge behind a real HTTP server, asked by a small client
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grpolab.evaluate import EvalResult
+
+STAGES = ("reload", "merged_16bit", "merged_4bit", "gguf", "served")
+
+
+@dataclass
+class Stage:
+    """One stage, scored (`result`) or refused (`result` None, `note` says why in one line)."""
+
+    name: str
+    result: EvalResult | None
+    note: str = ""  # how it was made and scored, or why it was not
+    figures: dict[str, float] = field(default_factory=dict)  # what else it measured: ship/<stage>/<name>
+
+    def prompts_diff(self, adapter: EvalResult) -> int | None:
+        """Held-out prompts right here minus right for the adapter (0: kept exactly)."""
+        if self.result is None:
+            return None
+        return round(self.result.accuracy * self.result.prompts) - round(adapter.accuracy * adapter.prompts)
+
+    def changed(self, adapter: EvalResult) -> int | None:
+        """Held-out prompts whose answer differs, character for character, from the adapter's."""
+        if self.result is None:
+            return None
+        return sum(a != b for a, b in zip(self.result.completions, adapter.completions, strict=True))
+
+    def metrics(self, adapter: EvalResult) -> dict[str, float]:
+        if self.result is None:
+            return {}
+        return {
+            f"ship/{self.name}/accuracy": self.result.accuracy,
+            f"ship/{self.name}/accuracy_diff": self.result.accuracy - adapter.accuracy,
+            f"ship/{self.name}/answers_changed": float(self.changed(adapter)),
+            **{f"ship/{self.name}/{k}": v for k, v in self.figures.items()},
+        }
+
+
+# --- reload ---------------------------------------------------------------------------------------
+def load_adapter_as_a_user_does(adapter_dir: Path, settings):
+    """Unsloth's loader on the adapter folder (it reads the base from adapter_config.json and attaches
+    the adapter through PEFT): what chapter 6's page tells a user to write. Returns (model, tokenizer)."""
+    import torch
+    from unsloth import FastLanguageModel
+
+    from grpolab.unsloth_trainer import keep_float32
+
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        model_name=str(adapter_dir),
+        max_seq_length=settings.max_seq_length,
+        load_in_4bit=settings.load_in_4bit,
+        dtype=None if settings.dtype == "auto" else getattr(torch, settings.dtype),
+        fast_inference=settings.fast_inference,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        max_lora_rank=settings.max_lora_rank,
+    )
+    if settings.dtype == "float32":
+        keep_float32(model)
+    return model, tokenizer
+
+
+def adapter_applied(model, adapter_dir: Path) -> str:
+    """Which load path served the model: "" when the saved adapter's weights are the ones in it, else
+    one line naming what was served instead."""
+    from safetensors.torch import load_file
+
+    saved = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    if not hasattr(model, "peft_config"):
+        return f"the loader served the base alone: no adapter is attached to {type(model).__name__}"
+    state = {k: v for k, v in model.state_dict().items() if "lora_" in k}
+    if not state:
+        return "the loader attached no LoRA layers: the base answered"
+    from grpolab.ship.merge import lora_layers
+
+    if any(layer.disable_adapters for _, layer in lora_layers(model)) or not model.active_adapters:
+        return "the adapter is attached but disabled: the base answered"
+    matched = 0
+    for key, value in saved.items():
+        mine = [
+            v
+            for k, v in state.items()
+            if k.replace(".default", "").endswith(key.split("base_model.model.")[-1])
+        ]
+        if mine and mine[0].shape == value.shape and bool((mine[0].float().cpu() == value.float()).all()):
+            matched += 1
+    if matched < len(saved):
+        return f"only {matched} of the adapter's {len(saved)} tensors are the saved ones: another adapter answered"
+    return ""
+
+
+def held_out_logits(model, tokenizer, settings, completions: tuple[str, ...]) -> list:
+    """A model's logits over every token of each held-out prompt followed by the adapter's answer
+    (teacher-forced, so that two models read the same text), in float32 on the CPU, batch by batch:
+    only the tokens each batch really holds (padding dropped)."""
+    import torch
+
+    from grpolab.evaluate import eval_rows
+
+    rows = eval_rows(settings)
+    texts = [
+        tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) + c
+        for p, c in zip(rows["prompt"], completions, strict=True)
+    ]
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    found = []
+    try:
+        with torch.no_grad():
+            for start in range(0, len(texts), 16):
+                batch = tokenizer(
+                    texts[start : start + 16], return_tensors="pt", padding=True, add_special_tokens=False
+                )
+                batch = {k: v.to(model.device) for k, v in batch.items()}
+                logits = model(**batch).logits.float()
+                found.append(logits[batch["attention_mask"].bool()].cpu())
+    finally:
+        tokenizer.padding_side = side
+    return found
+
+
+def largest_gap(a: list, b: list) -> float:
+    """The largest difference between two models' logits for the same token."""
+    return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
+
+
+# --- the stages, in order -------------------------------------------------------------------------
+def run_stages(found, profile: str, folder: Path, args) -> tuple[list[Stage], str]:
+    """Every stage of `found`'s adapter, in order, each logged as it is scored: (the stages, the
+    registered model's URI)."""
+    import mlflow
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpolab.endings import STOPS
+    from grpolab.evaluate import eval_rows, evaluate, score
+    from grpolab.ship import gguf_file, merge, serve
+
+    s, adapter_dir = found.settings, found.adapter_dir
+    on_gpu = profile == "gpu"
+    stages: list[Stage] = []
+
+    def done(stage: Stage) -> Stage:
+        stages.append(stage)
+        print(
+            f"  {stage.name:<13} {stage.result.line() if stage.result else 'not scored'}"
+            + (f"\n  {'':<13} {stage.note}" if stage.note else ""),
+            flush=True,
+        )
+        return stage
+
+    print(
+        "Each stage, scored on the training run's held-out prompts (greedy, the task's exact checker):",
+        flush=True,
+    )
+
+    # reload: what a user gets who loads the saved adapter the way the chapter's page says.
+    STOPS.enter("the reload (Unsloth's loader on the adapter folder)")
+    model, tokenizer = load_adapter_as_a_user_does(adapter_dir, s)
+    wrong = adapter_applied(model, adapter_dir)
+    STOPS.enter("the reload's held-out evaluation")
+    reloaded = evaluate(model, tokenizer, s, "reload", adapter_dir)
+    exact = round(reloaded.accuracy * reloaded.prompts) == round(found.adapter_accuracy * reloaded.prompts)
+    note = (
+        ""
+        if exact and not wrong
+        else (
+            wrong
+            or f"differs from the logged {found.adapter_accuracy:.1%}: the reload is not the model that was scored"
+        )
+    )
+    if (
+        not exact
+        and not wrong
+        and found.base_accuracy is not None
+        and reloaded.accuracy == found.base_accuracy
+    ):
+        note = "scored as the base did: the load path served the base, not the adapter"
+    reference = done(Stage("reload", reloaded, note)).result
+
+    # merged_16bit: the adapter folded into 16-bit weights, a folder transformers loads alone.
+    STOPS.enter("the 16-bit merge")
+    merged_dir = folder / "merged_16bit"
+    if on_gpu:
+        model.save_pretrained_merged(str(merged_dir), tokenizer, save_method="merged_16bit")
+        how = "Unsloth's save_pretrained_merged(merged_16bit)"
+    else:
+        merge.save_merged_16bit(model, tokenizer, merged_dir)
+        how = "bitsandbytes' dequantized base + PEFT's delta, in float16 (Unsloth's CPU loader refuses this merge)"
+    # Loaded as anyone would: transformers alone, the folder's own tokenizer and chat template.
+    dtype = torch.bfloat16 if on_gpu else torch.float32  # on a CPU the float16 weights upcast exactly
+    plain = AutoModelForCausalLM.from_pretrained(merged_dir, torch_dtype=dtype).eval()
+    plain_tokenizer = AutoTokenizer.from_pretrained(merged_dir)
+    template = (
+        ""
+        if plain_tokenizer.chat_template
+        else "; its tokenizer has NO chat template: the prompts would not be the trained ones"
+    )
+    STOPS.enter("the 16-bit merge's held-out evaluation")
+    result = evaluate(plain, plain_tokenizer, s, "merged_16bit")
+    # The adapter's logits, kept for the 4-bit merge's comparison on a CPU (on a GPU, Qwen3-4B's logits
+    # for every held-out token would take gigabytes of host memory: its answers are compared instead).
+    adapter_logits = held_out_logits(model, tokenizer, s, reference.completions)
+    gap = largest_gap(adapter_logits, held_out_logits(plain, tokenizer, s, reference.completions))
+    if on_gpu:
+        adapter_logits = None
+    done(
+        Stage(
+            "merged_16bit",
+            result,
+            f"{how}; largest logit difference from the adapter {gap:.2g}{template}",
+            {"max_logit_diff": gap},
+        )
+    )
+    del plain
+
+    # merged_4bit: the same merge into the 4-bit weights, requantized. The adapter is gone after it.
+    STOPS.enter("the 4-bit merge")
+    merged4, lost = merge.merge_4bit_in_place(model)
+    STOPS.enter("the 4-bit merge's held-out evaluation")
+    result = evaluate(merged4, tokenizer, s, "merged_4bit")
+    figures = {}
+    if adapter_logits is not None:
+        figures["max_logit_diff"] = largest_gap(
+            adapter_logits, held_out_logits(merged4, tokenizer, s, reference.completions)
+        )
+    done(
+        Stage(
+            "merged_4bit",
+            result,
+            lost.line()
+            + (
+                f"; largest logit difference from the adapter {figures['max_logit_diff']:.2g}"
+                if figures
+                else ""
+            ),
+            {
+                **figures,
+                "delta_below_half_step": lost.below_half_step,
+                "delta_rounded_away": lost.same_code,
+                "median_delta_over_half_step": lost.median_ratio,
+            },
+        )
+    )
+    del merged4, model
+
+    # gguf: the 16-bit merge in llama.cpp's format, read back and scored.
+    STOPS.enter("the GGUF file")
+    written = gguf_file.write(merged_dir, folder / "model-f16.gguf", args.llama_cpp)
+    tensors, worst = gguf_file.compare(written.path, merged_dir)
+    from_file = gguf_file.load_with_transformers(written.path, merged_dir)
+    STOPS.enter("the GGUF file's held-out evaluation")
+    result = evaluate(from_file, plain_tokenizer, s, "gguf")
+    same = "bit for bit" if worst == 0 else f"largest difference {worst:.2g}"
+    done(
+        Stage(
+            "gguf",
+            result,
+            (f"{written.note}; " if written.note else f"{written.writer}; ")
+            + f"{tensors} tensors read back, each equal to the merge's {same}; scored by transformers' GGUF loader",
+            {"tensors": float(tensors), "max_tensor_diff": worst},
+        )
+    )
+    del from_file
+
+    # served: the registered merge behind a real server, asked over HTTP.
+    STOPS.enter("the registered model's logging")
+    name = f"{found.run.data.tags.get('model_id', 'model')}-{s.task}-grpo"
+    uri, _ = serve.log_merged(merged_dir, s.max_completion_length, name, found.run_id)
+    rows = eval_rows(s)
+    prompts = [
+        plain_tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False)
+        for p in rows["prompt"]
+    ]
+    port = args.port or serve.free_port()
+    STOPS.enter("the server's start and its held-out answers")
+    if on_gpu:
+        with serve.vllm_server(merged_dir, port, s.max_seq_length) as url:
+            answers = serve.ask_openai(url, "merged", prompts, s.max_completion_length)
+        how = "vLLM's OpenAI-compatible server on the 16-bit merge"
+    else:
+        with serve.mlflow_server(uri, port) as url:
+            answers = serve.ask_mlflow(url, prompts, s.max_completion_length)
+        how = f"MLflow's scoring server (mlflow models serve --env-manager local) on {uri}"
+    lengths = [len(plain_tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers]
+    result = score(s, rows, answers, lengths, "served")
+    done(Stage("served", result, f"{how}, asked over HTTP"))
+    mlflow.set_tag("ship.registered_model", uri)
+    return stages, uri

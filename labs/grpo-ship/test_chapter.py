@@ -1,0 +1,270 @@
+"""Chapter 6's claims, read from the suite's one run of its README command (the root conftest.py's
+`chapter_run`), which ships chapter 1's README run: the suite runs it after chapter 1's, on a copy of
+that store (lab.toml's `starts_from`). Each stage scored against the training run's logged accuracy, the
+16-bit merge loadable by transformers alone, the 4-bit merge's loss measured, the GGUF file equal to
+the merge tensor for tensor, the registered version served over HTTP, and the verdict on the Overview.
+
+Two more lab processes: the chapter's command on an empty store (it trains chapter 1's short form
+first, and says so) stopped by SIGTERM in its 16-bit merge, which ends the ship run KILLED with
+nothing of it left on disk; and the refusals, one line each, in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpolab.endings import PHASE_PREFIX, SHOW_PHASES_ENV
+from grpolab.errors import LabSettingsError
+
+from suite import Lab, cpu_only, load_lab_module, run_in_process, script_and_args
+
+LAB_DIR = Path(__file__).resolve().parent
+README_FROM_RUN = "uv run python labs/grpo-ship/train.py --from <run id>"
+README_BUDGET = "uv run python labs/grpo-ship/train.py --budget-only"
+STAGES = ("reload", "merged_16bit", "merged_4bit", "gguf", "served")
+
+pytestmark = [
+    cpu_only("reads the CPU profile's ship run; on a GPU the same command ships Qwen3-4B's adapter"),
+]
+
+
+@pytest.fixture(scope="module")
+def lab():
+    return load_lab_module(LAB_DIR)
+
+
+@pytest.fixture
+def shipped(chapter_run):
+    """The ship run, the chapter 1 run it shipped (the only one in the copied store), and its figures."""
+    assert chapter_run.code == 0, chapter_run.log()
+    (ship,) = chapter_run.top
+    first = chapter_run.client.get_experiment_by_name("grpo-first")
+    (trained,) = chapter_run.client.search_runs([first.experiment_id])
+    return chapter_run, ship, trained
+
+
+def right(accuracy: float, prompts: int = 64) -> int:
+    return round(accuracy * prompts)
+
+
+@pytest.mark.slow
+def test_it_ships_chapter_1s_finished_run_in_a_ship_run_that_names_it(shipped):
+    chapter_run, ship, trained = shipped
+    assert ship.info.status == "FINISHED"
+    tags = ship.data.tags
+    assert (tags["run_kind"], tags["ship.source_run"], tags["profile"]) == (
+        "ship",
+        trained.info.run_id,
+        "cpu",
+    )
+    assert trained.info.status == "FINISHED" and trained.data.tags["run_kind"] == "train"
+    assert f"Shipping run {trained.info.run_id}" in chapter_run.stdout
+    # The sheet's line for the merge, before anything loads: the stand-in's parameters at 2 bytes.
+    assert "merged_16bit  157.38 KiB of host memory" in chapter_run.stdout
+    assert int(ship.data.params["merge_host_bytes"]) == 80_576 * 2
+
+
+@pytest.mark.slow
+def test_each_stage_is_scored_against_the_adapters_logged_accuracy(shipped):
+    _, ship, trained = shipped
+    logged = trained.data.metrics["eval/adapter_accuracy"]
+    m = ship.data.metrics
+    assert m["ship/adapter/accuracy"] == logged
+    for stage in STAGES:
+        assert m[f"ship/{stage}/accuracy_diff"] == pytest.approx(m[f"ship/{stage}/accuracy"] - logged), stage
+    # The reload is the same weights, loaded as a user loads them: exactly what was logged.
+    assert m["ship/reload/accuracy"] == logged
+    assert m["ship/reload/answers_changed"] == 0
+    # Within one held-out prompt: the 16-bit merge, its GGUF file, and the registered version served.
+    for stage in ("merged_16bit", "gguf", "served"):
+        assert abs(right(m[f"ship/{stage}/accuracy"]) - right(logged)) <= 1, stage
+    # The training it ships learned something the stages could lose (chapter 1's claims say how much).
+    assert right(logged) - right(trained.data.metrics["eval/base_accuracy"]) >= 16
+
+
+@pytest.mark.slow
+def test_the_16_bit_merge_is_a_folder_transformers_loads_alone_with_its_chat_template(shipped):
+    _, ship, _ = shipped
+    merged = Path(ship.data.tags["output_dir"]) / "merged_16bit"
+    assert (merged / "config.json").is_file() and json.loads((merged / "config.json").read_text())[
+        "dtype"
+    ] == "float16"
+    assert 0 < ship.data.metrics["ship/merged_16bit/max_logit_diff"] < 1
+    # A fresh interpreter in which PEFT, Unsloth and bitsandbytes cannot be imported at all.
+    probe = (
+        "import sys\n"
+        "for blocked in ('peft', 'unsloth', 'unsloth_zoo', 'bitsandbytes'): sys.modules[blocked] = None\n"
+        "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        f"model = AutoModelForCausalLM.from_pretrained({str(merged)!r})\n"
+        f"tokenizer = AutoTokenizer.from_pretrained({str(merged)!r})\n"
+        "print(type(model).__name__, bool(tokenizer.chat_template), model.dtype)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-3:] == ["Qwen3ForCausalLM", "True", "torch.float16"]
+
+
+@pytest.mark.slow
+def test_the_4_bit_merge_is_measured_and_what_it_changed_explained(shipped):
+    _, ship, trained = shipped
+    m = ship.data.metrics
+    below, same = m["ship/merged_4bit/delta_below_half_step"], m["ship/merged_4bit/delta_rounded_away"]
+    # The explanation, as measured: most of the adapter's changes are under half a 4-bit step, and
+    # requantizing gives most of those weights back the base's code; its logits move far more than the
+    # 16-bit merge's, and it answers held-out prompts differently from the adapter.
+    assert below > 0.5 and same > 0.5 and m["ship/merged_4bit/median_delta_over_half_step"] < 1
+    assert m["ship/merged_4bit/max_logit_diff"] > 10 * m["ship/merged_16bit/max_logit_diff"]
+    assert m["ship/merged_4bit/answers_changed"] > m["ship/merged_16bit/answers_changed"]
+    # The verdict says what it did to the score: kept within a prompt, lost, or another model (higher).
+    diff = right(m["ship/merged_4bit/accuracy"]) - right(trained.data.metrics["eval/adapter_accuracy"])
+    first = ship.data.tags["mlflow.note.content"].split("\n")[0]
+    said = "Lost it: merged_4bit" if diff < -1 else "Another model than the one trained: merged_4bit" if diff > 1 else None
+    assert said is None or said in first, first
+    assert "of the adapter's" in ship.data.tags["mlflow.note.content"]
+
+
+@pytest.mark.slow
+def test_the_gguf_file_holds_the_merge_tensor_for_tensor(shipped):
+    _, ship, _ = shipped
+    m = ship.data.metrics
+    assert m["ship/gguf/tensors"] == 24  # 2 layers x 11, the embeddings and the final norm; tied: no output
+    assert m["ship/gguf/max_tensor_diff"] == 0
+    gguf = Path(ship.data.tags["output_dir"]) / "model-f16.gguf"
+    assert gguf.is_file() and gguf.read_bytes()[:4] == b"GGUF"
+    assert "llama.cpp's converter is not installed" in ship.data.tags["mlflow.note.content"]
+
+
+@pytest.mark.slow
+def test_the_merge_is_registered_with_its_training_run_and_served_over_http(shipped):
+    chapter_run, ship, trained = shipped
+    uri = ship.data.tags["ship.registered_model"]
+    name, _, version = uri.removeprefix("models:/").partition("/")
+    found = chapter_run.client.get_model_version(name, version)
+    assert found.tags["training_run"] == trained.info.run_id and found.tags["ship_run"] == ship.info.run_id
+    assert found.run_id == ship.info.run_id and trained.info.run_id in found.description
+    assert "mlflow models serve --env-manager local" in ship.data.tags["mlflow.note.content"]
+
+
+@pytest.mark.slow
+def test_the_overview_opens_with_the_verdict_and_logs_the_chart(shipped):
+    chapter_run, ship, _ = shipped
+    note = ship.data.tags["mlflow.note.content"]
+    assert note.startswith("Kept what GRPO taught")
+    kept = note.split("\n")[0].partition(":")[2].partition(".")[0]
+    assert all(stage in kept for stage in ("reload", "merged_16bit", "gguf", "served"))
+    assert "| stage | held-out right |" in note
+    files = {f.path for f in chapter_run.client.list_artifacts(ship.info.run_id, "ship")}
+    assert {"ship/accuracy_by_stage.png", "ship/stages.json"} <= files
+    assert note.split("\n")[0] in chapter_run.stdout
+
+
+# --- a stop, on a store with no run to ship -----------------------------------------------------------
+@pytest.mark.slow
+def test_on_an_empty_store_it_trains_the_short_form_then_a_stop_leaves_no_half_shipped_model(tmp_path):
+    """The chapter's command where chapter 1 never ran: it says so, trains chapter 1's short form (two
+    steps here) as a run of chapter 1, then SIGTERM as the 16-bit merge starts ends the ship run KILLED
+    and removes its folder."""
+    import mlflow
+
+    def stop_at_the_merge(lab: Lab, line: str) -> None:
+        if line.startswith(f"{PHASE_PREFIX}the 16-bit merge") and not getattr(lab, "sent", False):
+            lab.sent = True
+            lab.send_signal(signal.SIGTERM)
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "out"
+    lab = Lab(
+        "ship-empty",
+        LAB_DIR / "train.py",
+        ["--max-steps", "2", "--eval-prompts", "8", "--output-dir", str(out)],
+        uri,
+        tmp_path,
+        on_line=stop_at_the_merge,
+        env={SHOW_PHASES_ENV: "1"},
+    )
+    code = lab.wait(timeout=900)
+    assert code == 128 + signal.SIGTERM, lab.log()
+    assert "no FINISHED run of grpo-first in this store" in lab.stdout
+    assert "trains chapter 1's short form first (2 steps)" in lab.stdout
+    client = mlflow.MlflowClient(uri)
+    (trained,) = client.search_runs([client.get_experiment_by_name("grpo-first").experiment_id])
+    assert trained.info.status == "FINISHED" and trained.data.params["max_steps"] == "2"
+    (ship,) = client.search_runs([client.get_experiment_by_name("grpo-ship").experiment_id])
+    assert (ship.info.status, ship.data.tags["ending"]) == ("KILLED", "SIGTERM")
+    assert ship.data.tags["ship.source_run"] == trained.info.run_id
+    assert not (out / "grpo-ship").exists() or not any((out / "grpo-ship").iterdir())
+
+
+# --- refusals: one line, exit 2, nothing written -------------------------------------------------------
+@pytest.mark.slow
+def test_the_budget_line_alone_loads_nothing(lab, tmp_path):
+    _, args = script_and_args(README_BUDGET)
+    code, out, err = run_in_process(lab, args, uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert code == 0, err
+    assert "merged_16bit  157.38 KiB of host memory and 472.12 KiB of disk" in out
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.slow
+def test_a_run_id_the_store_does_not_have_is_one_line(lab, shipped, tmp_path):
+    chapter_run, _, _ = shipped
+    _, args = script_and_args(README_FROM_RUN.replace("<run id>", "0123456789abcdef"))
+    code, _, err = run_in_process(lab, args, uri=chapter_run.uri)
+    assert code == 2 and err.strip().count("\n") == 0, err
+    assert "'0123456789abcdef' is neither a run id of this store nor a folder" in err
+
+
+@pytest.mark.slow
+def test_a_port_in_use_is_refused_before_anything_loads(lab, tmp_path):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        code, _, err = run_in_process(lab, ["--port", str(port)], uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert (
+        code == 2
+        and err.strip() == f"error: ship: port {port} is in use: pass another --port, or 0 for any free one"
+    )
+
+
+@pytest.mark.slow
+def test_an_adapter_of_another_shape_and_a_full_disk_are_one_line(shipped, tmp_path):
+    import shutil
+
+    from budgets.shipping import MergeCost
+    from grpolab.ship import lab as ship_lab
+    from grpolab.ship import source
+
+    chapter_run, _, trained = shipped
+    found = source.find(trained.info.run_id, chapter_run.client, ship_lab.FIRST_DIR, "cpu")
+    other = tmp_path / "adapter"
+    shutil.copytree(found.adapter_dir, other)
+    config = json.loads((other / "adapter_config.json").read_text())
+    (other / "adapter_config.json").write_text(json.dumps({**config, "r": config["r"] * 2}))
+    found.adapter_dir = other
+    with pytest.raises(LabSettingsError, match=r"has rank \d+ .* but run \w+ trained rank"):
+        source.check_shape(found)
+    with pytest.raises(
+        LabSettingsError, match=r"free and the merge needs .* pass --output-dir on a larger disk"
+    ):
+        ship_lab._check_disk(tmp_path, MergeCost("huge", 1, 1 << 60, 3))
+
+
+def test_no_finished_run_is_said_in_one_line_with_what_to_do(tmp_path):
+    import mlflow
+
+    from grpolab.ship import lab as ship_lab
+    from grpolab.ship import source
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with pytest.raises(source.NoFinishedRun) as refused:
+        source.find("last", client, ship_lab.FIRST_DIR, "gpu")
+    assert str(refused.value).startswith(
+        "ship: no FINISHED run of grpo-first in this store: run `uv run python"
+    )
