@@ -118,7 +118,7 @@ def evaluate(
     ]
     if getattr(model, "vllm_engine", None) is not None:
         completions, lengths = _generate_vllm(
-            model, prompts, settings, adapter_dir if which == "adapter" else None
+            model, prompts, settings, adapter_dir if which != "base" else None
         )
     else:
         # Only "base" turns the adapter off; any other model (a merge, a reload) runs as it is.

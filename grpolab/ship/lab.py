@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,7 +13,6 @@ from grpolab.paths import REPO_ROOT
 
 CHAPTER = "grpo-ship"
 FIRST_DIR = REPO_ROOT / "labs" / "grpo-first"
-CHART = "ship/accuracy_by_stage.png"
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -156,8 +156,10 @@ def _ship(found, profile: str, device, args, cost) -> int:
         f"{found.base_accuracy:.1%}.",
         flush=True,
     )
+    opened = None
     try:
         with tracking.lab_run(CHAPTER, name, tags) as run:
+            opened = run.info.run_id
             mlflow.log_params(
                 {
                     "source_run": found.run_id,
@@ -173,10 +175,28 @@ def _ship(found, profile: str, device, args, cost) -> int:
             STOPS.enter("the ship run's report")
             verdict = report.log(found, stages, registered)
     except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)  # a ship that did not finish leaves no half of itself
+        # A ship that did not finish leaves no half of itself: not its folder, not a registered version.
+        shutil.rmtree(folder, ignore_errors=True)
+        if opened is not None:
+            _unregister(opened)
         raise
     print("\n".join(report.lines(found, stages)))
     print(verdict.splitlines()[0])
     print(f"Registered {registered}" if registered else "")
     print(f"MLflow run {run.info.run_id}: {tracking.run_url(run)}")
     return 0
+
+
+def _unregister(run_id: str) -> None:
+    """Delete the model versions a ship run that did not finish registered (and a registered model
+    left with none)."""
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    try:
+        for version in client.search_model_versions(f"run_id = '{run_id}'"):
+            client.delete_model_version(version.name, version.version)
+            if not client.search_model_versions(f"name = '{version.name}'"):
+                client.delete_registered_model(version.name)
+    except Exception as error:  # the store may be what failed; the run's ending matters more
+        print(f"warning: could not remove the version this ship run registered: {error}", file=sys.stderr)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from grpolab.ship.stages import Stage
 
+CHART = "ship/accuracy_by_stage.png"  # the chart on the ship run, and the chapter page's picture
+
 # A stage keeps what GRPO taught when it answers the held-out prompts as the adapter did: the reload
 # every answer the same (the same weights, the same arithmetic); a stage that rounds the weights within
 # one prompt of the adapter's score (a 16-bit float moves a logit by about 1e-3, which can flip one close
@@ -78,17 +80,15 @@ def verdict(found, stages: list[Stage]) -> str:
 
 
 def chart(found, stages: list[Stage]):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # a bare Figure: no pyplot backend switched
 
     n = found.settings.eval_prompts
     logged = round(found.adapter_accuracy * n)
     names = [s.name for s in stages]
     right = [round(s.result.accuracy * n) if s.result else 0 for s in stages]
     colours = [{"kept": "#4c956c", "lost": "#c0504d"}.get(outcome(s, logged), "#d4a017") for s in stages]
-    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    fig = Figure(figsize=(7.5, 3.6), dpi=100)
+    ax = fig.subplots()
     ax.bar(names, right, color=colours)
     ax.axhline(
         logged, color="black", linestyle="--", linewidth=1, label=f"the adapter, as trained ({logged})"
@@ -111,10 +111,9 @@ def chart(found, stages: list[Stage]):
 
 def log(found, stages: list[Stage], registered: str) -> str:
     """Every stage's metrics, the chart and the table as artifacts, the verdict as the Overview."""
-    import matplotlib.pyplot as plt
     import mlflow
 
-    from grpolab.ship.lab import CHART
+    from grpolab.overview import chart_link
 
     reference = stages[0].result
     metrics = {"ship/adapter/accuracy": found.adapter_accuracy}
@@ -125,7 +124,6 @@ def log(found, stages: list[Stage], registered: str) -> str:
     mlflow.log_metrics(metrics)
     fig = chart(found, stages)
     mlflow.log_figure(fig, CHART)
-    plt.close(fig)
     rows = table(found, stages)
     mlflow.log_table(
         {
@@ -140,6 +138,7 @@ def log(found, stages: list[Stage], registered: str) -> str:
     mlflow.set_tag(
         "mlflow.note.content",
         f"{text}\n\n{header}{body}\n\nThe 16-bit merge is registered as `{registered}` "
-        f"(its version's tag `training_run` = {found.run_id}).\n\n![stages]({CHART})",
+        f"(its version's tag `training_run` = {found.run_id}).\n\n"
+        + chart_link(mlflow.active_run().info.run_id, CHART, "Held-out prompts right at each stage"),
     )
     return text

@@ -202,7 +202,10 @@ def run_stages(found, profile: str, folder: Path, args) -> tuple[list[Stage], st
         how = "bitsandbytes' dequantized base + PEFT's delta, in float16 (Unsloth's CPU loader refuses this merge)"
     # Loaded as anyone would: transformers alone, the folder's own tokenizer and chat template.
     dtype = torch.bfloat16 if on_gpu else torch.float32  # on a CPU the float16 weights upcast exactly
-    plain = AutoModelForCausalLM.from_pretrained(merged_dir, torch_dtype=dtype).eval()
+    # On a card already holding the 4-bit policy, "auto" places what does not fit on the host.
+    plain = AutoModelForCausalLM.from_pretrained(
+        merged_dir, dtype=dtype, device_map="auto" if on_gpu else None
+    ).eval()
     plain_tokenizer = AutoTokenizer.from_pretrained(merged_dir)
     template = (
         ""

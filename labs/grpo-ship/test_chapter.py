@@ -5,8 +5,8 @@ that store (lab.toml's `starts_from`). Each stage scored against the training ru
 the merge tensor for tensor, the registered version served over HTTP, and the verdict on the Overview.
 
 Two more lab processes: the chapter's command on an empty store (it trains chapter 1's short form
-first, and says so) stopped by SIGTERM in its 16-bit merge, which ends the ship run KILLED with
-nothing of it left on disk; and the refusals, one line each, in this process.
+first, and says so) stopped by SIGTERM as its server starts, which ends the ship run KILLED with
+nothing of it left: no folder, no registered version. The refusals, one line each, in this process.
 """
 
 from __future__ import annotations
@@ -125,7 +125,13 @@ def test_the_4_bit_merge_is_measured_and_what_it_changed_explained(shipped):
     # The verdict says what it did to the score: kept within a prompt, lost, or another model (higher).
     diff = right(m["ship/merged_4bit/accuracy"]) - right(trained.data.metrics["eval/adapter_accuracy"])
     first = ship.data.tags["mlflow.note.content"].split("\n")[0]
-    said = "Lost it: merged_4bit" if diff < -1 else "Another model than the one trained: merged_4bit" if diff > 1 else None
+    said = (
+        "Lost it: merged_4bit"
+        if diff < -1
+        else "Another model than the one trained: merged_4bit"
+        if diff > 1
+        else None
+    )
     assert said is None or said in first, first
     assert "of the adapter's" in ship.data.tags["mlflow.note.content"]
 
@@ -167,14 +173,14 @@ def test_the_overview_opens_with_the_verdict_and_logs_the_chart(shipped):
 
 # --- a stop, on a store with no run to ship -----------------------------------------------------------
 @pytest.mark.slow
-def test_on_an_empty_store_it_trains_the_short_form_then_a_stop_leaves_no_half_shipped_model(tmp_path):
+def test_on_an_empty_store_it_trains_the_short_form_and_a_stop_leaves_nothing_half_shipped(tmp_path):
     """The chapter's command where chapter 1 never ran: it says so, trains chapter 1's short form (two
-    steps here) as a run of chapter 1, then SIGTERM as the 16-bit merge starts ends the ship run KILLED
-    and removes its folder."""
+    steps here) as a run of chapter 1, then SIGTERM as its server starts (the merge registered by then)
+    ends the ship run KILLED and removes its folder and the version it registered."""
     import mlflow
 
-    def stop_at_the_merge(lab: Lab, line: str) -> None:
-        if line.startswith(f"{PHASE_PREFIX}the 16-bit merge") and not getattr(lab, "sent", False):
+    def stop_at_the_server(lab: Lab, line: str) -> None:
+        if line.startswith(f"{PHASE_PREFIX}the server's start") and not getattr(lab, "sent", False):
             lab.sent = True
             lab.send_signal(signal.SIGTERM)
 
@@ -186,7 +192,7 @@ def test_on_an_empty_store_it_trains_the_short_form_then_a_stop_leaves_no_half_s
         ["--max-steps", "2", "--eval-prompts", "8", "--output-dir", str(out)],
         uri,
         tmp_path,
-        on_line=stop_at_the_merge,
+        on_line=stop_at_the_server,
         env={SHOW_PHASES_ENV: "1"},
     )
     code = lab.wait(timeout=900)
@@ -200,15 +206,17 @@ def test_on_an_empty_store_it_trains_the_short_form_then_a_stop_leaves_no_half_s
     assert (ship.info.status, ship.data.tags["ending"]) == ("KILLED", "SIGTERM")
     assert ship.data.tags["ship.source_run"] == trained.info.run_id
     assert not (out / "grpo-ship").exists() or not any((out / "grpo-ship").iterdir())
+    assert "merged_16bit" in lab.stdout and "gguf" in lab.stdout  # it got as far as the registration
+    assert client.search_registered_models() == []
 
 
 # --- refusals: one line, exit 2, nothing written -------------------------------------------------------
 @pytest.mark.slow
 def test_the_budget_line_alone_loads_nothing(lab, tmp_path):
     _, args = script_and_args(README_BUDGET)
-    code, out, err = run_in_process(lab, args, uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    assert code == 0, err
-    assert "merged_16bit  157.38 KiB of host memory and 472.12 KiB of disk" in out
+    ended = run_in_process(lab, args, uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert ended.code == 0, ended.stderr
+    assert "merged_16bit  157.38 KiB of host memory and 472.12 KiB of disk" in ended.stdout
     assert not (tmp_path / "mlflow.db").exists()
 
 
@@ -216,9 +224,9 @@ def test_the_budget_line_alone_loads_nothing(lab, tmp_path):
 def test_a_run_id_the_store_does_not_have_is_one_line(lab, shipped, tmp_path):
     chapter_run, _, _ = shipped
     _, args = script_and_args(README_FROM_RUN.replace("<run id>", "0123456789abcdef"))
-    code, _, err = run_in_process(lab, args, uri=chapter_run.uri)
-    assert code == 2 and err.strip().count("\n") == 0, err
-    assert "'0123456789abcdef' is neither a run id of this store nor a folder" in err
+    ended = run_in_process(lab, args, uri=chapter_run.uri)
+    assert ended.code == 2 and ended.stderr.strip().count("\n") == 0, ended.stderr
+    assert "'0123456789abcdef' is neither a run id of this store nor a folder" in ended.stderr
 
 
 @pytest.mark.slow
@@ -226,11 +234,13 @@ def test_a_port_in_use_is_refused_before_anything_loads(lab, tmp_path):
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         port = held.getsockname()[1]
-        code, _, err = run_in_process(lab, ["--port", str(port)], uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+        ended = run_in_process(lab, ["--port", str(port)], uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert ended.code == 2, ended.stderr
     assert (
-        code == 2
-        and err.strip() == f"error: ship: port {port} is in use: pass another --port, or 0 for any free one"
+        ended.stderr.strip()
+        == f"error: ship: port {port} is in use: pass another --port, or 0 for any free one"
     )
+    assert not (tmp_path / "mlflow.db").exists()  # refused before the store was opened
 
 
 @pytest.mark.slow
