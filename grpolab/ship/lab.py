@@ -61,6 +61,12 @@ def _main(lab_dir: Path, train: Callable, args: argparse.Namespace, stops) -> in
 
     stops.enter("the ship's preparation (imports, the run to ship)")
     console.quiet_library_noise()
+    other = [f for f, given in _TRAINING_ONLY.items() if getattr(args, given)]
+    if other:
+        return refuse(
+            f"ship: {other[0]} is for a training run (chapter 1's command); the ship takes a finished one: "
+            "drop it, and name the run with --from"
+        )
     try:
         store.require(tracking.tracking_uri())
         device = devices.detect()
@@ -102,6 +108,18 @@ def _main(lab_dir: Path, train: Callable, args: argparse.Namespace, stops) -> in
     except LabSettingsError as err:
         return refuse(err)
     return _ship(found, profile, device, args, cost)
+
+
+# Flags every chapter has that mean nothing to a ship (it resumes, rehearses and evaluates nothing).
+_TRAINING_ONLY = {
+    "--resume": "resume",
+    "--rehearse": "rehearse",
+    "--eval-only": "eval_only",
+    "--parent-run-id": "parent_run_id",
+    "--json": "json",
+    "--headroom": "headroom",
+    "--suggest-util": "suggest_util",
+}
 
 
 def _train_short_form(train: Callable, short_form, args) -> int:

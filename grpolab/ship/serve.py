@@ -93,7 +93,8 @@ def mlflow_server(model_uri: str, port: int) -> Iterator[str]:
 @contextmanager
 def vllm_server(merged: Path, port: int, max_model_len: int) -> Iterator[str]:
     """vLLM's OpenAI-compatible server on the 16-bit merge (GPU), until the block ends: its base URL."""
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(merged)]
+    # `vllm serve`, the console script of this environment (vLLM deprecates `-m ...openai.api_server`).
+    command = [str(Path(sys.executable).parent / "vllm"), "serve", str(merged)]
     command += ["--served-model-name", "merged", "--host", "127.0.0.1", "--port", str(port)]
     command += ["--max-model-len", str(max_model_len), "--gpu-memory-utilization", "0.5"]
     with _serving(command, port, "/health", "vLLM's server", READY_TIMEOUT_S * 2) as url:

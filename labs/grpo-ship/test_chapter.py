@@ -23,16 +23,14 @@ import pytest
 from grpolab.endings import PHASE_PREFIX, SHOW_PHASES_ENV
 from grpolab.errors import LabSettingsError
 
-from suite import Lab, cpu_only, load_lab_module, run_in_process, script_and_args
+from suite import Lab, cpu_only, gpu_only, load_lab_module, run_in_process, script_and_args
 
 LAB_DIR = Path(__file__).resolve().parent
 README_FROM_RUN = "uv run python labs/grpo-ship/train.py --from <run id>"
 README_BUDGET = "uv run python labs/grpo-ship/train.py --budget-only"
 STAGES = ("reload", "merged_16bit", "merged_4bit", "gguf", "served")
 
-pytestmark = [
-    cpu_only("reads the CPU profile's ship run; on a GPU the same command ships Qwen3-4B's adapter"),
-]
+CPU_RUN = cpu_only("reads the CPU profile's ship run; on a GPU the same command ships Qwen3-4B's adapter")
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +53,7 @@ def right(accuracy: float, prompts: int = 64) -> int:
 
 
 @pytest.mark.slow
+@CPU_RUN
 def test_it_ships_chapter_1s_finished_run_in_a_ship_run_that_names_it(shipped):
     chapter_run, ship, trained = shipped
     assert ship.info.status == "FINISHED"
@@ -72,6 +71,7 @@ def test_it_ships_chapter_1s_finished_run_in_a_ship_run_that_names_it(shipped):
 
 
 @pytest.mark.slow
+@CPU_RUN
 def test_each_stage_is_scored_against_the_adapters_logged_accuracy(shipped):
     _, ship, trained = shipped
     logged = trained.data.metrics["eval/adapter_accuracy"]
@@ -90,6 +90,7 @@ def test_each_stage_is_scored_against_the_adapters_logged_accuracy(shipped):
 
 
 @pytest.mark.slow
+@CPU_RUN
 def test_the_16_bit_merge_is_a_folder_transformers_loads_alone_with_its_chat_template(shipped):
     _, ship, _ = shipped
     merged = Path(ship.data.tags["output_dir"]) / "merged_16bit"
@@ -112,6 +113,7 @@ def test_the_16_bit_merge_is_a_folder_transformers_loads_alone_with_its_chat_tem
 
 
 @pytest.mark.slow
+@CPU_RUN
 def test_the_4_bit_merge_is_measured_and_what_it_changed_explained(shipped):
     _, ship, trained = shipped
     m = ship.data.metrics
@@ -137,6 +139,7 @@ def test_the_4_bit_merge_is_measured_and_what_it_changed_explained(shipped):
 
 
 @pytest.mark.slow
+@CPU_RUN
 def test_the_gguf_file_holds_the_merge_tensor_for_tensor(shipped):
     _, ship, _ = shipped
     m = ship.data.metrics
@@ -148,6 +151,7 @@ def test_the_gguf_file_holds_the_merge_tensor_for_tensor(shipped):
 
 
 @pytest.mark.slow
+@CPU_RUN
 def test_the_merge_is_registered_with_its_training_run_and_served_over_http(shipped):
     chapter_run, ship, trained = shipped
     uri = ship.data.tags["ship.registered_model"]
@@ -159,6 +163,7 @@ def test_the_merge_is_registered_with_its_training_run_and_served_over_http(ship
 
 
 @pytest.mark.slow
+@CPU_RUN
 def test_the_overview_opens_with_the_verdict_and_logs_the_chart(shipped):
     chapter_run, ship, _ = shipped
     note = ship.data.tags["mlflow.note.content"]
@@ -173,6 +178,7 @@ def test_the_overview_opens_with_the_verdict_and_logs_the_chart(shipped):
 
 # --- a stop, on a store with no run to ship -----------------------------------------------------------
 @pytest.mark.slow
+@CPU_RUN
 def test_on_an_empty_store_it_trains_the_short_form_and_a_stop_leaves_nothing_half_shipped(tmp_path):
     """The chapter's command where chapter 1 never ran: it says so, trains chapter 1's short form (two
     steps here) as a run of chapter 1, then SIGTERM as its server starts (the merge registered by then)
@@ -212,6 +218,7 @@ def test_on_an_empty_store_it_trains_the_short_form_and_a_stop_leaves_nothing_ha
 
 # --- refusals: one line, exit 2, nothing written -------------------------------------------------------
 @pytest.mark.slow
+@CPU_RUN
 def test_the_budget_line_alone_loads_nothing(lab, tmp_path):
     _, args = script_and_args(README_BUDGET)
     ended = run_in_process(lab, args, uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -221,6 +228,7 @@ def test_the_budget_line_alone_loads_nothing(lab, tmp_path):
 
 
 @pytest.mark.slow
+@CPU_RUN
 def test_a_run_id_the_store_does_not_have_is_one_line(lab, shipped, tmp_path):
     chapter_run, _, _ = shipped
     _, args = script_and_args(README_FROM_RUN.replace("<run id>", "0123456789abcdef"))
@@ -230,6 +238,7 @@ def test_a_run_id_the_store_does_not_have_is_one_line(lab, shipped, tmp_path):
 
 
 @pytest.mark.slow
+@CPU_RUN
 def test_a_port_in_use_is_refused_before_anything_loads(lab, tmp_path):
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
@@ -243,7 +252,20 @@ def test_a_port_in_use_is_refused_before_anything_loads(lab, tmp_path):
     assert not (tmp_path / "mlflow.db").exists()  # refused before the store was opened
 
 
+@pytest.mark.parametrize(
+    "flag", [["--resume", "last"], ["--rehearse"], ["--eval-only", "x"], ["--budget-only", "--json"]]
+)
+def test_a_training_flag_is_refused_in_one_line(lab, tmp_path, flag):
+    ended = run_in_process(lab, flag, uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert ended.code == 2 and ended.stderr.strip().count("\n") == 0, ended.stderr
+    assert ended.stderr.startswith(
+        f"error: ship: {flag[-1] if flag[-1].startswith('--') else flag[0]} is for a training run"
+    )
+    assert not (tmp_path / "mlflow.db").exists()
+
+
 @pytest.mark.slow
+@CPU_RUN
 def test_an_adapter_of_another_shape_and_a_full_disk_are_one_line(shipped, tmp_path):
     import shutil
 
@@ -278,3 +300,32 @@ def test_no_finished_run_is_said_in_one_line_with_what_to_do(tmp_path):
     assert str(refused.value).startswith(
         "ship: no FINISHED run of grpo-first in this store: run `uv run python"
     )
+
+
+# --- on a GPU ---------------------------------------------------------------------------------------
+@pytest.mark.slow
+@gpu_only(
+    "chapter 1's short form on Qwen3-4B (5 steps), then its adapter shipped: reload through Unsloth's "
+    "vLLM engine equal to the logged accuracy, Unsloth's save_pretrained_merged(merged_16bit) within one "
+    "held-out prompt, the GGUF file equal to the merge, and `vllm serve` on the merge scored over HTTP"
+)
+def test_on_a_gpu_it_ships_qwen3_4b_with_unsloth_merges_and_vllm_serves(tmp_path):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = Lab(
+        "first",
+        LAB_DIR.parent / "grpo-first" / "train.py",
+        ["--max-steps", "5", "--eval-prompts", "8", "--output-dir", str(tmp_path / "out")],
+        uri,
+        tmp_path,
+    )
+    assert first.wait(timeout=3600) == 0, first.log()
+    ship = Lab("ship", LAB_DIR / "train.py", ["--output-dir", str(tmp_path / "out")], uri, tmp_path)
+    assert ship.wait(timeout=3600) == 0, ship.log()
+    client = mlflow.MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("grpo-ship").experiment_id])
+    m = run.data.metrics
+    assert m["ship/reload/accuracy_diff"] == 0
+    assert abs(m["ship/merged_16bit/accuracy_diff"]) * 8 <= 1 and m["ship/gguf/max_tensor_diff"] == 0
+    assert "vLLM's OpenAI-compatible server" in run.data.tags["mlflow.note.content"]
