@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 
 from grpolab import numerics
-from grpolab.endings import HOLD_EXIT_ENV, SHOW_PHASES_ENV
+from grpolab.endings import HOLD_EXIT_ENV, HOLD_PHASE_ENV, PHASE_PREFIX, SHOW_PHASES_ENV
 
 from suite import (
     CULPRIT_STEPS,
@@ -292,6 +292,8 @@ def run_stops(background: Background, _: str) -> dict:
         env = {SHOW_PHASES_ENV: "1"}
         if marker == LAST_LINE:  # the lab lingers at its end: a signal sent at its last line lands there
             env[HOLD_EXIT_ENV] = str(WAVE_TIMEOUT_S)
+        elif marker is not None and marker.startswith(PHASE_PREFIX):  # ... and at its phase's start
+            env[HOLD_PHASE_ENV] = marker.removeprefix(PHASE_PREFIX)
         lab = Lab(name, LAB_DIR / "train.py", args, _sqlite(folder), tmp, on_line, env=env)
         return Stopped(name, signum, marker, lab)
 

@@ -173,28 +173,24 @@ def test_no_stop_is_lost_none_ends_finished_or_running(stops):
 
 @pytest.mark.slow
 @ON_CPU
-def test_each_stop_names_the_phase_it_was_sent_in_or_the_next(stops):
-    """A signal sent as a phase began is acted on at that phase's end: the run names that phase (or, for
-    a phase shorter than the signal's way from the test to the lab, one after it, never one before).
-    The long phases (the evaluations, training) are named exactly, on any machine: the signal is sent
-    by what the lab reports."""
+def test_each_stop_names_the_phase_it_was_sent_in(stops):
+    """A signal sent as a phase began is acted on at that phase's end: the run names that phase, on any
+    machine. The signal is sent by what the lab reports, and the lab holds at the start of the phase
+    the test stops it in until the signal arrives (endings.HOLD_PHASE_ENV): a phase shorter than the
+    signal's way from the test to the lab (the stand-in's load, on a loaded 2-core machine under
+    OMP_NUM_THREADS=1, 2026-12-04) is still the one it lands in."""
     order = [m.removeprefix(PHASE_PREFIX) for m in stops["markers"] if m.startswith(PHASE_PREFIX)]
-    exact = set()
+    named_exactly = set()
     for case in [c for c in sent(stops) if c.marker.startswith(PHASE_PREFIX) and c.runs]:
         (run,) = case.runs
         # The phase the marker begins (a marker may be the start of a phase's name: "the model's load").
         phase = next(p for p in order if p.startswith(case.marker.removeprefix(PHASE_PREFIX)))
-        named = named_phase(run)
         if run.info.status == "FINISHED":
             assert phase == endings.AFTER_THE_RUN, case.lab.log()
             continue
-        assert named in order and order.index(named) >= order.index(phase), (phase, named)
-        exact |= {named} if named == phase else set()
-    # Only the long phases: on a CPU the stand-in's load ("the model's load") can end before the signal
-    # reaches the lab on a loaded machine (2026-12-04, a fresh-clone CI under OMP_NUM_THREADS=1 with
-    # another lab running beside it: no stop sent at the model's load named it; each named a later
-    # phase). The loop above still holds it, as every phase, to never naming one before its own.
-    assert {"the base's held-out evaluation", "training", "the adapter's held-out evaluation"} <= exact, exact
+        assert named_phase(run) == phase, (phase, named_phase(run), case.lab.log())
+        named_exactly.add(phase)
+    assert {"the model's load (Unsloth's patching included)", "training"} <= named_exactly, named_exactly
     steps = [c for c in sent(stops) if c.marker.startswith(STEP_PREFIX) and c.signum == signal.SIGTERM]
     for case in steps:
         (run,) = case.runs

@@ -188,5 +188,5 @@ def load_with_transformers(path: Path, merged: Path):
 
     config = AutoConfig.from_pretrained(merged)
     return AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, config=config, torch_dtype=torch.float32
+        path.parent, gguf_file=path.name, config=config, dtype=torch.float32
     ).eval()

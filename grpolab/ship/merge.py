@@ -79,8 +79,8 @@ def plain_model(model, state: dict[str, torch.Tensor], dtype: torch.dtype = MERG
     for quantized in ("quantization_config", "_pre_quantization_dtype"):
         if hasattr(config, quantized):
             delattr(config, quantized)
-    config.torch_dtype = dtype
-    plain = AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
+    config.dtype = dtype
+    plain = AutoModelForCausalLM.from_config(config, dtype=dtype)
     missing, unexpected = plain.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False)
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
     if unexpected or set(missing) - tied:

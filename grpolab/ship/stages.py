@@ -139,167 +139,188 @@ def largest_gap(a: list, b: list) -> float:
 
 # --- the stages, in order -------------------------------------------------------------------------
 def run_stages(found, profile: str, folder: Path, args) -> tuple[list[Stage], str]:
-    """Every stage of `found`'s adapter, in order, each logged as it is scored: (the stages, the
+    """Every stage of `found`'s adapter, in order, each printed as it is scored: (the stages, the
     registered model's URI)."""
-    import mlflow
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from grpolab.endings import STOPS
-    from grpolab.evaluate import eval_rows, evaluate, score
-    from grpolab.ship import gguf_file, merge, serve
-
-    s, adapter_dir = found.settings, found.adapter_dir
-    on_gpu = profile == "gpu"
-    stages: list[Stage] = []
-
-    def done(stage: Stage) -> Stage:
-        stages.append(stage)
-        print(
-            f"  {stage.name:<13} {stage.result.line() if stage.result else 'not scored'}"
-            + (f"\n  {'':<13} {stage.note}" if stage.note else ""),
-            flush=True,
-        )
-        return stage
-
     print(
         "Each stage, scored on the training run's held-out prompts (greedy, the task's exact checker):",
         flush=True,
     )
-
-    # reload: what a user gets who loads the saved adapter the way the chapter's page says.
-    STOPS.enter("the reload (Unsloth's loader on the adapter folder)")
-    model, tokenizer = load_adapter_as_a_user_does(adapter_dir, s)
-    wrong = adapter_applied(model, adapter_dir)
-    STOPS.enter("the reload's held-out evaluation")
-    reloaded = evaluate(model, tokenizer, s, "reload", adapter_dir)
-    exact = round(reloaded.accuracy * reloaded.prompts) == round(found.adapter_accuracy * reloaded.prompts)
-    note = (
-        ""
-        if exact and not wrong
-        else (
-            wrong
-            or f"differs from the logged {found.adapter_accuracy:.1%}: the reload is not the model that was scored"
-        )
-    )
-    if (
-        not exact
-        and not wrong
-        and found.base_accuracy is not None
-        and reloaded.accuracy == found.base_accuracy
+    shipment = Shipment(found, profile == "gpu", folder, args)
+    stages = []
+    for stage in (
+        shipment.reload,
+        shipment.merged_16bit,
+        shipment.merged_4bit,
+        shipment.gguf,
+        shipment.served,
     ):
-        note = "scored as the base did: the load path served the base, not the adapter"
-    reference = done(Stage("reload", reloaded, note)).result
+        stages.append(said(stage()))
+    return stages, shipment.registered
 
-    # merged_16bit: the adapter folded into 16-bit weights, a folder transformers loads alone.
-    STOPS.enter("the 16-bit merge")
-    merged_dir = folder / "merged_16bit"
-    if on_gpu:
-        model.save_pretrained_merged(str(merged_dir), tokenizer, save_method="merged_16bit")
-        how = "Unsloth's save_pretrained_merged(merged_16bit)"
-    else:
-        merge.save_merged_16bit(model, tokenizer, merged_dir)
-        how = "bitsandbytes' dequantized base + PEFT's delta, in float16 (Unsloth's CPU loader refuses this merge)"
-    # Loaded as anyone would: transformers alone, the folder's own tokenizer and chat template.
-    dtype = torch.bfloat16 if on_gpu else torch.float32  # on a CPU the float16 weights upcast exactly
-    # On a card already holding the 4-bit policy, "auto" places what does not fit on the host.
-    plain = AutoModelForCausalLM.from_pretrained(
-        merged_dir, dtype=dtype, device_map="auto" if on_gpu else None
-    ).eval()
-    plain_tokenizer = AutoTokenizer.from_pretrained(merged_dir)
-    template = (
-        ""
-        if plain_tokenizer.chat_template
-        else "; its tokenizer has NO chat template: the prompts would not be the trained ones"
-    )
-    STOPS.enter("the 16-bit merge's held-out evaluation")
-    result = evaluate(plain, plain_tokenizer, s, "merged_16bit")
-    # The adapter's logits, kept for the 4-bit merge's comparison on a CPU (on a GPU, Qwen3-4B's logits
-    # for every held-out token would take gigabytes of host memory: its answers are compared instead).
-    adapter_logits = held_out_logits(model, tokenizer, s, reference.completions)
-    gap = largest_gap(adapter_logits, held_out_logits(plain, tokenizer, s, reference.completions))
-    if on_gpu:
-        adapter_logits = None
-    done(
-        Stage(
-            "merged_16bit",
-            result,
-            f"{how}; largest logit difference from the adapter {gap:.2g}{template}",
-            {"max_logit_diff": gap},
-        )
-    )
-    del plain
 
-    # merged_4bit: the same merge into the 4-bit weights, requantized. The adapter is gone after it.
-    STOPS.enter("the 4-bit merge")
-    merged4, lost = merge.merge_4bit_in_place(model)
-    STOPS.enter("the 4-bit merge's held-out evaluation")
-    result = evaluate(merged4, tokenizer, s, "merged_4bit")
-    figures = {}
-    if adapter_logits is not None:
-        figures["max_logit_diff"] = largest_gap(
-            adapter_logits, held_out_logits(merged4, tokenizer, s, reference.completions)
-        )
-    done(
-        Stage(
-            "merged_4bit",
-            result,
-            lost.line()
-            + (
-                f"; largest logit difference from the adapter {figures['max_logit_diff']:.2g}"
-                if figures
-                else ""
-            ),
-            {
-                **figures,
-                "delta_below_half_step": lost.below_half_step,
-                "delta_rounded_away": lost.same_code,
-                "median_delta_over_half_step": lost.median_ratio,
-            },
-        )
-    )
-    del merged4, model
+def said(stage: Stage) -> Stage:
+    line = stage.result.line() if stage.result else "not scored"
+    print(f"  {stage.name:<13} {line}" + (f"\n  {'':<13} {stage.note}" if stage.note else ""), flush=True)
+    return stage
 
-    # gguf: the 16-bit merge in llama.cpp's format, read back and scored.
-    STOPS.enter("the GGUF file")
-    written = gguf_file.write(merged_dir, folder / "model-f16.gguf", args.llama_cpp)
-    tensors, worst = gguf_file.compare(written.path, merged_dir)
-    from_file = gguf_file.load_with_transformers(written.path, merged_dir)
-    STOPS.enter("the GGUF file's held-out evaluation")
-    result = evaluate(from_file, plain_tokenizer, s, "gguf")
-    same = "bit for bit" if worst == 0 else f"largest difference {worst:.2g}"
-    done(
-        Stage(
-            "gguf",
-            result,
-            (f"{written.note}; " if written.note else f"{written.writer}; ")
-            + f"{tensors} tensors read back, each equal to the merge's {same}; scored by transformers' GGUF loader",
-            {"tensors": float(tensors), "max_tensor_diff": worst},
-        )
-    )
-    del from_file
 
-    # served: the registered merge behind a real server, asked over HTTP.
-    STOPS.enter("the registered model's logging")
-    name = f"{found.run.data.tags.get('model_id', 'model')}-{s.task}-grpo"
-    uri, _ = serve.log_merged(merged_dir, s.max_completion_length, name, found.run_id)
-    rows = eval_rows(s)
-    prompts = [
-        plain_tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False)
-        for p in rows["prompt"]
-    ]
-    port = args.port or serve.free_port()
-    STOPS.enter("the server's start and its held-out answers")
-    if on_gpu:
-        with serve.vllm_server(merged_dir, port, s.max_seq_length) as url:
-            answers = serve.ask_openai(url, "merged", prompts, s.max_completion_length)
-        how = "vLLM's OpenAI-compatible server on the 16-bit merge"
-    else:
-        with serve.mlflow_server(uri, port) as url:
-            answers = serve.ask_mlflow(url, prompts, s.max_completion_length)
-        how = f"MLflow's scoring server (mlflow models serve --env-manager local) on {uri}"
-    lengths = [len(plain_tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers]
-    result = score(s, rows, answers, lengths, "served")
-    done(Stage("served", result, f"{how}, asked over HTTP"))
-    mlflow.set_tag("ship.registered_model", uri)
-    return stages, uri
+class Shipment:
+    """One adapter on its way: what each stage leaves for the next (the reloaded model, the merge's
+    folder, the registered version). Each method is one stage; a stop is acted on between them."""
+
+    def __init__(self, found, on_gpu: bool, folder: Path, args) -> None:
+        self.found, self.settings, self.on_gpu, self.folder, self.args = (
+            found,
+            found.settings,
+            on_gpu,
+            folder,
+            args,
+        )
+        self.merged_dir = folder / "merged_16bit"
+        self.model = self.tokenizer = self.reference = self.adapter_logits = self.merged_tokenizer = None
+        self.registered = ""
+
+    def reload(self) -> Stage:
+        """What a user gets who loads the saved adapter the way the chapter's page says."""
+        from grpolab.endings import STOPS
+        from grpolab.evaluate import evaluate
+
+        STOPS.enter("the reload (Unsloth's loader on the adapter folder)")
+        adapter_dir = self.found.adapter_dir
+        self.model, self.tokenizer = load_adapter_as_a_user_does(adapter_dir, self.settings)
+        wrong = adapter_applied(self.model, adapter_dir)
+        STOPS.enter("the reload's held-out evaluation")
+        self.reference = evaluate(self.model, self.tokenizer, self.settings, "reload", adapter_dir)
+        return Stage("reload", self.reference, reload_note(self.reference, self.found, wrong))
+
+    def merged_16bit(self) -> Stage:
+        """The adapter folded into 16-bit weights: a folder transformers loads alone."""
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from grpolab.endings import STOPS
+        from grpolab.evaluate import evaluate
+        from grpolab.ship import merge
+
+        STOPS.enter("the 16-bit merge")
+        if self.on_gpu:
+            self.model.save_pretrained_merged(
+                str(self.merged_dir), self.tokenizer, save_method="merged_16bit"
+            )
+            how = "Unsloth's save_pretrained_merged(merged_16bit)"
+        else:
+            merge.save_merged_16bit(self.model, self.tokenizer, self.merged_dir)
+            how = "bitsandbytes' dequantized base + PEFT's delta, in float16 (Unsloth's CPU loader refuses this merge)"
+        # Loaded as anyone would: transformers alone, with the folder's own tokenizer and chat template.
+        # On a CPU the float16 weights compute in float32 (an exact upcast); on a card already holding the
+        # 4-bit policy, "auto" places what does not fit on the host.
+        plain = AutoModelForCausalLM.from_pretrained(
+            self.merged_dir,
+            dtype=torch.bfloat16 if self.on_gpu else torch.float32,
+            device_map="auto" if self.on_gpu else None,
+        ).eval()
+        self.merged_tokenizer = AutoTokenizer.from_pretrained(self.merged_dir)
+        lost_template = not self.merged_tokenizer.chat_template
+        STOPS.enter("the 16-bit merge's held-out evaluation")
+        result = evaluate(plain, self.merged_tokenizer, self.settings, "merged_16bit")
+        # The adapter's logits are kept for the 4-bit merge's comparison on a CPU (on a GPU, Qwen3-4B's
+        # for every held-out token would take gigabytes of host memory: its answers are compared instead).
+        self.adapter_logits = self._logits(self.model)
+        gap = largest_gap(self.adapter_logits, self._logits(plain))
+        if self.on_gpu:
+            self.adapter_logits = None
+        note = f"{how}; largest logit difference from the adapter {gap:.2g}"
+        if lost_template:
+            note += "; its tokenizer has NO chat template: the prompts would not be the trained ones"
+        return Stage("merged_16bit", result, note, {"max_logit_diff": gap})
+
+    def merged_4bit(self) -> Stage:
+        """The same merge into the 4-bit weights, requantized: the trap. The adapter is gone after it."""
+        from grpolab.endings import STOPS
+        from grpolab.evaluate import evaluate
+        from grpolab.ship import merge
+
+        STOPS.enter("the 4-bit merge")
+        merged, lost = merge.merge_4bit_in_place(self.model)
+        self.model = None
+        STOPS.enter("the 4-bit merge's held-out evaluation")
+        result = evaluate(merged, self.tokenizer, self.settings, "merged_4bit")
+        figures = {
+            "delta_below_half_step": lost.below_half_step,
+            "delta_rounded_away": lost.same_code,
+            "median_delta_over_half_step": lost.median_ratio,
+        }
+        note = lost.line()
+        if self.adapter_logits is not None:
+            figures["max_logit_diff"] = largest_gap(self.adapter_logits, self._logits(merged))
+            note += f"; largest logit difference from the adapter {figures['max_logit_diff']:.2g}"
+        return Stage("merged_4bit", result, note, figures)
+
+    def gguf(self) -> Stage:
+        """The 16-bit merge in llama.cpp's format, read back tensor by tensor, and scored."""
+        from grpolab.endings import STOPS
+        from grpolab.evaluate import evaluate
+        from grpolab.ship import gguf_file
+
+        STOPS.enter("the GGUF file")
+        written = gguf_file.write(self.merged_dir, self.folder / "model-f16.gguf", self.args.llama_cpp)
+        tensors, worst = gguf_file.compare(written.path, self.merged_dir)
+        from_file = gguf_file.load_with_transformers(written.path, self.merged_dir)
+        STOPS.enter("the GGUF file's held-out evaluation")
+        result = evaluate(from_file, self.merged_tokenizer, self.settings, "gguf")
+        same = "bit for bit" if worst == 0 else f"largest difference {worst:.2g}"
+        note = (written.note or written.writer) + (
+            f"; {tensors} tensors read back, each equal to the merge's {same}; scored by transformers' GGUF loader"
+        )
+        return Stage("gguf", result, note, {"tensors": float(tensors), "max_tensor_diff": worst})
+
+    def served(self) -> Stage:
+        """The registered merge behind a real server, asked over HTTP."""
+        import mlflow
+
+        from grpolab.endings import STOPS
+        from grpolab.evaluate import eval_rows, score
+        from grpolab.ship import serve
+
+        s = self.settings
+        STOPS.enter("the registered model's logging")
+        name = f"{self.found.run.data.tags.get('model_id', 'model')}-{s.task}-grpo"
+        self.registered, _ = serve.log_merged(
+            self.merged_dir, s.max_completion_length, name, self.found.run_id
+        )
+        mlflow.set_tag("ship.registered_model", self.registered)
+        rows = eval_rows(s)
+        tokenizer = self.merged_tokenizer
+        prompts = [
+            tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False)
+            for p in rows["prompt"]
+        ]
+        port = self.args.port or serve.free_port()
+        STOPS.enter("the server's start and its held-out answers")
+        if self.on_gpu:
+            with serve.vllm_server(self.merged_dir, port, s.max_seq_length) as url:
+                answers = serve.ask_openai(url, "merged", prompts, s.max_completion_length)
+            how = "vLLM's OpenAI-compatible server (vllm serve) on the 16-bit merge"
+        else:
+            with serve.mlflow_server(self.registered, port) as url:
+                answers = serve.ask_mlflow(url, prompts, s.max_completion_length)
+            how = f"MLflow's scoring server (mlflow models serve --env-manager local) on {self.registered}"
+        lengths = [len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers]
+        return Stage("served", score(s, rows, answers, lengths, "served"), f"{how}, asked over HTTP")
+
+    def _logits(self, model) -> list:
+        return held_out_logits(model, self.tokenizer, self.settings, self.reference.completions)
+
+
+def reload_note(reloaded: EvalResult, found, wrong: str) -> str:
+    """ "" when the reload answered as the training run logged; else which load path served what."""
+    n = reloaded.prompts
+    if round(reloaded.accuracy * n) == round(found.adapter_accuracy * n) and not wrong:
+        return ""
+    if wrong:
+        return wrong
+    if found.base_accuracy is not None and reloaded.accuracy == found.base_accuracy:
+        return "scored as the base did: the load path served the base, not the adapter"
+    return (
+        f"differs from the logged {found.adapter_accuracy:.1%}: the reload is not the model that was scored"
+    )

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from grpolab.endings import PHASE_PREFIX, SHOW_PHASES_ENV
+from grpolab.endings import HOLD_PHASE_ENV, PHASE_PREFIX, SHOW_PHASES_ENV
 from grpolab.errors import LabSettingsError
 
 from suite import Lab, cpu_only, gpu_only, load_lab_module, run_in_process, script_and_args
@@ -199,7 +199,7 @@ def test_on_an_empty_store_it_trains_the_short_form_and_a_stop_leaves_nothing_ha
         uri,
         tmp_path,
         on_line=stop_at_the_server,
-        env={SHOW_PHASES_ENV: "1"},
+        env={SHOW_PHASES_ENV: "1", HOLD_PHASE_ENV: "the server's start"},
     )
     code = lab.wait(timeout=900)
     assert code == 128 + signal.SIGTERM, lab.log()
