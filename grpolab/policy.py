@@ -38,12 +38,14 @@ def resolve_model_path(model: str, task: str | None = None) -> str:
     return str(path) if path.exists() else model
 
 
-def load_policy(s: LabSettings):
-    """Return (model, tokenizer): the 4-bit base with trainable LoRA adapters attached."""
+def load_model(model_name: str, s: LabSettings):
+    """Unsloth's loader with the settings' keywords: (model, tokenizer). `model_name` is a base, or a
+    saved adapter's folder, whose base (its adapter_config.json's) Unsloth loads before it attaches the
+    adapter through PEFT (chapter 6's reload)."""
     import torch
 
     model, tokenizer = FastLanguageModel.from_pretrained(
-        model_name=resolve_model_path(s.model, s.task),
+        model_name=model_name,
         max_seq_length=s.max_seq_length,
         load_in_4bit=s.load_in_4bit,
         dtype=None if s.dtype == "auto" else getattr(torch, s.dtype),
@@ -59,6 +61,12 @@ def load_policy(s: LabSettings):
         # Unsloth's GPU loader marks a float32 request; its CPU loader does not, and without the mark
         # Unsloth's GRPO trainer would switch the CPU stand-in to float16 autocast.
         keep_float32(model)
+    return model, tokenizer
+
+
+def load_policy(s: LabSettings):
+    """Return (model, tokenizer): the 4-bit base with trainable LoRA adapters attached."""
+    model, tokenizer = load_model(resolve_model_path(s.model, s.task), s)
     model = FastLanguageModel.get_peft_model(
         model,
         r=s.lora_rank,

@@ -207,13 +207,11 @@ def _run_of(target: str, chapter: str, client):
         return found[0]
     path = Path(target).expanduser()
     if path.is_dir():
-        folder = str(path.resolve())
-        for experiment_id in [e.experiment_id for e in client.search_experiments()]:
-            runs = client.search_runs([experiment_id], f"tags.output_dir = '{folder}'", max_results=1)
-            if runs:
-                return runs[0]
+        found = run_trained_in(client, path)
+        if found is not None:
+            return found
         raise LabSettingsError(
-            f"resume: no run of this store trained in {folder}: pass the folder a lab run printed, its run id, "
+            f"resume: no run of this store trained in {path.resolve()}: pass the folder a lab run printed, its run id, "
             "or `last`"
         )
     try:
@@ -223,6 +221,18 @@ def _run_of(target: str, chapter: str, client):
             f"resume: {target!r} is neither a run folder nor a run id of this store: pass `last`, the run id the "
             "stopped run printed, or its folder (outputs/<chapter>/<run>)"
         ) from None
+
+
+def run_trained_in(client, folder: Path):
+    """The run of this store whose output folder (tag `output_dir`) is `folder`, or None."""
+    resolved = str(Path(folder).expanduser().resolve())
+    for experiment in client.search_experiments():
+        runs = client.search_runs(
+            [experiment.experiment_id], f"tags.output_dir = '{resolved}'", max_results=1
+        )
+        if runs:
+            return runs[0]
+    return None
 
 
 def _check_checkpoint(checkpoint: Checkpoint, settings: LabSettings) -> None:

@@ -92,6 +92,8 @@ def check_shape(source: Source) -> None:
 def _run_of(target: str, client):
     from mlflow.exceptions import MlflowException
 
+    from grpolab.resume import run_trained_in
+
     if target == "last":
         experiment = client.get_experiment_by_name(SOURCE_CHAPTER)
         found = (
@@ -114,12 +116,9 @@ def _run_of(target: str, client):
     if path.is_dir():
         folder = path.resolve()
         run_folder = folder.parent if (folder / ADAPTER_FILES[0]).is_file() else folder
-        for experiment in client.search_experiments():
-            runs = client.search_runs(
-                [experiment.experiment_id], f"tags.output_dir = '{run_folder}'", max_results=1
-            )
-            if runs:
-                return runs[0]
+        found = run_trained_in(client, run_folder)
+        if found is not None:
+            return found
         raise LabSettingsError(
             f"ship: no run of this store trained {folder}: its held-out score is what each stage is checked "
             "against, so pass the folder a lab run of this store printed, its run id, or `last`"

@@ -54,23 +54,9 @@ class Stage:
 def load_adapter_as_a_user_does(adapter_dir: Path, settings):
     """Unsloth's loader on the adapter folder (it reads the base from adapter_config.json and attaches
     the adapter through PEFT): what chapter 6's page tells a user to write. Returns (model, tokenizer)."""
-    import torch
-    from unsloth import FastLanguageModel
+    from grpolab import policy
 
-    from grpolab.unsloth_trainer import keep_float32
-
-    model, tokenizer = FastLanguageModel.from_pretrained(
-        model_name=str(adapter_dir),
-        max_seq_length=settings.max_seq_length,
-        load_in_4bit=settings.load_in_4bit,
-        dtype=None if settings.dtype == "auto" else getattr(torch, settings.dtype),
-        fast_inference=settings.fast_inference,
-        gpu_memory_utilization=settings.gpu_memory_utilization,
-        max_lora_rank=settings.max_lora_rank,
-    )
-    if settings.dtype == "float32":
-        keep_float32(model)
-    return model, tokenizer
+    return policy.load_model(str(adapter_dir), settings)
 
 
 def adapter_applied(model, adapter_dir: Path) -> str:
