@@ -195,6 +195,14 @@ class MemoryProbe:
             import torch._dynamo
 
             torch._dynamo.config.disable = True
+            # MLflow's trace exporter starts worker threads as traces queue up; one that cannot start
+            # under the cap made its consumer handle a task twice and die (2026-12-04, a fresh clone's
+            # CI: "task_done() called too many times"), and the run's last flush then waited forever.
+            # From here traces are written in the thread that logs them: no exporter thread to start.
+            os.environ["MLFLOW_ENABLE_ASYNC_TRACE_LOGGING"] = "false"  # an exporter created later
+            import mlflow
+
+            mlflow.flush_trace_async_logging(terminate=True)  # one that exists: written, its threads ended
             ctypes.CDLL(None).mallopt(_M_ARENA_MAX, 1)
             threading.stack_size(CAPPED_THREAD_STACK)
             os.environ["TOKENIZERS_PARALLELISM"] = "false"

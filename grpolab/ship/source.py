@@ -133,18 +133,29 @@ def _run_of(target: str, client):
 
 
 def _adapter_of(run, client) -> Path:
-    """The adapter the run saved: in its folder, or, when that folder is gone, its logged artifact."""
-    folder = Path(run.data.tags.get("output_dir", "")) / "adapter"
-    if all((folder / name).is_file() for name in ADAPTER_FILES):
-        return folder
-    try:
-        import mlflow
+    """The adapter the run saved: in its folder, or, when that folder is gone, its logged artifact,
+    fetched once into the cache (`.cache/adapters/<run id>`, written whole or not at all)."""
+    import shutil
+    import tempfile
 
-        local = Path(mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="adapter"))
+    from grpolab.paths import cache_root
+
+    folder = Path(run.data.tags.get("output_dir", "")) / "adapter"
+    cached = cache_root() / "adapters" / run.info.run_id
+    for found in (folder, cached):
+        if all((found / name).is_file() for name in ADAPTER_FILES):
+            return found
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{run.info.run_id}-", dir=cached.parent))
+    try:
+        fetched = Path(client.download_artifacts(run.info.run_id, "adapter", str(partial)))
+        if all((fetched / name).is_file() for name in ADAPTER_FILES):
+            fetched.rename(cached)
+            return cached
     except Exception:
-        local = None
-    if local is not None and all((local / name).is_file() for name in ADAPTER_FILES):
-        return local
+        pass  # no such artifact: said below
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     raise LabSettingsError(
         f"ship: run {run.info.run_id} left no adapter (not in {folder}, nor among its artifacts): "
         "pass a run whose adapter is there"

@@ -288,6 +288,28 @@ def test_an_adapter_of_another_shape_and_a_full_disk_are_one_line(shipped, tmp_p
         ship_lab._check_disk(tmp_path, MergeCost("huge", 1, 1 << 60, 3))
 
 
+@pytest.mark.slow
+@CPU_RUN
+def test_an_adapter_whose_folder_is_gone_is_fetched_from_its_runs_artifacts(shipped, tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from grpolab.ship import source
+
+    chapter_run, _, trained = shipped
+    monkeypatch.setenv("GRPOLAB_CACHE", str(tmp_path / "cache"))
+    original = Path(trained.data.tags["output_dir"]) / "adapter"
+    gone = SimpleNamespace(
+        info=trained.info,
+        data=SimpleNamespace(tags={**trained.data.tags, "output_dir": str(tmp_path / "gone")}),
+    )
+    fetched = source._adapter_of(gone, chapter_run.client)
+    assert fetched == tmp_path / "cache" / "adapters" / trained.info.run_id
+    for name in source.ADAPTER_FILES:
+        assert (fetched / name).read_bytes() == (original / name).read_bytes()
+    assert source._adapter_of(gone, chapter_run.client) == fetched  # fetched once, then the cache's
+    assert [p.name for p in fetched.parent.iterdir()] == [trained.info.run_id]  # nothing half-fetched
+
+
 def test_no_finished_run_is_said_in_one_line_with_what_to_do(tmp_path):
     import mlflow
 
