@@ -72,6 +72,22 @@ def adapter_config(checkpoint: Checkpoint) -> dict[str, Any]:
     return json.loads((checkpoint.path / "adapter_config.json").read_text())
 
 
+def lora_shape_differences(config: dict[str, Any], settings) -> list[str]:
+    """Where a saved adapter's config (adapter_config.json) differs from the LoRA shape the settings
+    train, one "r 32 (run: 16)" each: its rank, alpha and target modules. Empty when it is theirs."""
+    expected = {
+        "r": settings.lora_rank,
+        "lora_alpha": settings.lora_alpha,
+        "target_modules": sorted(settings.target_modules),
+    }
+    found = {
+        "r": config.get("r"),
+        "lora_alpha": config.get("lora_alpha"),
+        "target_modules": sorted(config.get("target_modules") or []),
+    }
+    return [f"{k} {found[k]} (run: {expected[k]})" for k in expected if found[k] != expected[k]]
+
+
 # --- the command that resumes a run ------------------------------------------------------------------
 def command(chapter: str, run_id: str, changes: str = "") -> str:
     """The exact command that resumes a run (with the store, when it is not the default)."""

@@ -59,6 +59,13 @@ def eval_rows(settings) -> Any:
     return get_task(settings.task).build_eval_dataset(settings.eval_prompts, settings.seed)
 
 
+def held_out_prompts(tokenizer, rows) -> list[str]:
+    """Each held-out row's prompt as the model reads it: the tokenizer's chat template, ready for the answer."""
+    return [
+        tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in rows["prompt"]
+    ]
+
+
 def score(
     settings,
     rows,
@@ -113,9 +120,7 @@ def evaluate(
     "adapter", or the name of another model scored as it is (chapter 6's merges); on a GPU the adapter reaches vLLM from its saved folder. `reward_funcs`: the rewards the
     run trained on, scored beside the task's own."""
     rows = eval_rows(settings)
-    prompts = [
-        tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in rows["prompt"]
-    ]
+    prompts = held_out_prompts(tokenizer, rows)
     if getattr(model, "vllm_engine", None) is not None:
         completions, lengths = _generate_vllm(
             model, prompts, settings, adapter_dir if which != "base" else None

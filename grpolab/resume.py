@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from budgets.vocabulary import flag, flag_text
-from grpolab.checkpoints import Checkpoint, adapter_config, checkpoints
+from grpolab.checkpoints import Checkpoint, adapter_config, checkpoints, lora_shape_differences
 from grpolab.errors import LabSettingsError
 from grpolab.settings import FIELDS, FLAGS, LabSettings, lab_settings
 
@@ -244,17 +244,7 @@ def _check_checkpoint(checkpoint: Checkpoint, settings: LabSettings) -> None:
         raise LabSettingsError(
             f"resume: {checkpoint.path} has no readable adapter_config.json ({err})"
         ) from None
-    expected = {
-        "r": settings.lora_rank,
-        "lora_alpha": settings.lora_alpha,
-        "target_modules": sorted(settings.target_modules),
-    }
-    found = {
-        "r": config.get("r"),
-        "lora_alpha": config.get("lora_alpha"),
-        "target_modules": sorted(config.get("target_modules") or []),
-    }
-    differ = [f"{k} {found[k]} (run: {expected[k]})" for k in expected if found[k] != expected[k]]
+    differ = lora_shape_differences(config, settings)
     if differ:
         raise LabSettingsError(
             f"resume: {checkpoint.path} holds another LoRA shape ({'; '.join(differ)}): it is not this run's "

@@ -73,7 +73,6 @@ def write(merged: Path, out: Path, llama_cpp: Path | None = None) -> Written:
 
 def _write_with_gguf(merged: Path, out: Path) -> None:
     import gguf
-    from safetensors.numpy import load_file
     from transformers import AutoConfig, AutoTokenizer
 
     config = AutoConfig.from_pretrained(merged)
@@ -82,10 +81,6 @@ def _write_with_gguf(merged: Path, out: Path) -> None:
             f"gguf's writer here knows Qwen3 only, not {config.model_type}: use llama.cpp's converter"
         )
     arch = gguf.MODEL_ARCH.QWEN3
-    tensors = {}
-    for shard in sorted(merged.glob("*.safetensors")):
-        tensors.update(load_file(str(shard)))
-    names = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
     writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[arch])
     writer.add_name(merged.name)
     writer.add_context_length(config.max_position_embeddings)
@@ -96,20 +91,11 @@ def _write_with_gguf(merged: Path, out: Path) -> None:
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_key_length(config.head_dim)
     writer.add_value_length(config.head_dim)
-    writer.add_rope_freq_base(
-        config.rope_parameters["rope_theta"]
-        if hasattr(config, "rope_parameters") and config.rope_parameters
-        else config.rope_theta
-    )
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])  # transformers 5 keeps it there
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     _add_tokenizer(writer, AutoTokenizer.from_pretrained(merged), config.vocab_size)
-    for name, array in tensors.items():
-        if name == "lm_head.weight" and config.tie_word_embeddings:
-            continue  # tied: llama.cpp reads the embeddings for the output, as the converter leaves it
-        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        if gguf_name is None:
-            raise ValueError(f"llama.cpp has no name for {name} in {arch.name}")
+    for gguf_name, array in llama_cpp_tensors(merged, config).items():
         # The converter's layout: matrices in 16 bit, vectors (the norms) in 32.
         writer.add_tensor(gguf_name, array.astype(np.float16 if array.ndim > 1 else np.float32))
     writer.write_header_to_file()
@@ -150,21 +136,32 @@ def _add_tokenizer(writer, tokenizer, vocab_size: int) -> None:
         writer.add_chat_template(tokenizer.chat_template)
 
 
-def compare(path: Path, merged: Path) -> tuple[int, float]:
-    """Every tensor of the GGUF file against the merge's, by llama.cpp's names: (tensors compared,
-    the largest absolute difference). A tensor missing on either side raises."""
+def llama_cpp_tensors(merged: Path, config) -> dict[str, np.ndarray]:
+    """The merge's tensors under llama.cpp's names for Qwen3, as the converter writes them: no output
+    matrix when the embeddings are tied (llama.cpp reads the embeddings for it)."""
     import gguf
     from safetensors.numpy import load_file
-    from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(merged)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, config.num_hidden_layers)
-    expected = {}
+    found = {}
     for shard in sorted(merged.glob("*.safetensors")):
         for name, array in load_file(str(shard)).items():
             if name == "lm_head.weight" and config.tie_word_embeddings:
                 continue
-            expected[names.get_name(name, try_suffixes=(".weight", ".bias"))] = array
+            gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+            if gguf_name is None:
+                raise ValueError(f"llama.cpp has no name for {name} in Qwen3")
+            found[gguf_name] = array
+    return found
+
+
+def compare(path: Path, merged: Path) -> tuple[int, float]:
+    """Every tensor of the GGUF file against the merge's, by llama.cpp's names: (tensors compared,
+    the largest absolute difference). A tensor missing on either side raises."""
+    import gguf
+    from transformers import AutoConfig
+
+    expected = llama_cpp_tensors(merged, AutoConfig.from_pretrained(merged))
     reader = gguf.GGUFReader(str(path))
     found = {t.name: t for t in reader.tensors}
     if set(found) != set(expected):

@@ -61,7 +61,7 @@ def _main(lab_dir: Path, train: Callable, args: argparse.Namespace, stops) -> in
 
     stops.enter("the ship's preparation (imports, the run to ship)")
     console.quiet_library_noise()
-    other = [f for f, given in _TRAINING_ONLY.items() if getattr(args, given)]
+    other = [f for f in _TRAINING_ONLY if getattr(args, f.removeprefix("--").replace("-", "_"))]
     if other:
         return refuse(
             f"ship: {other[0]} is for a training run (chapter 1's command); the ship takes a finished one: "
@@ -107,19 +107,19 @@ def _main(lab_dir: Path, train: Callable, args: argparse.Namespace, stops) -> in
         _check_disk(args.output_dir, cost)
     except LabSettingsError as err:
         return refuse(err)
-    return _ship(found, profile, device, args, cost)
+    return _ship(found, profile, args, cost)
 
 
 # Flags every chapter has that mean nothing to a ship (it resumes, rehearses and evaluates nothing).
-_TRAINING_ONLY = {
-    "--resume": "resume",
-    "--rehearse": "rehearse",
-    "--eval-only": "eval_only",
-    "--parent-run-id": "parent_run_id",
-    "--json": "json",
-    "--headroom": "headroom",
-    "--suggest-util": "suggest_util",
-}
+_TRAINING_ONLY = (
+    "--resume",
+    "--rehearse",
+    "--eval-only",
+    "--parent-run-id",
+    "--json",
+    "--headroom",
+    "--suggest-util",
+)
 
 
 def _train_short_form(train: Callable, short_form, args) -> int:
@@ -134,19 +134,19 @@ def _train_short_form(train: Callable, short_form, args) -> int:
 
 
 def _check_disk(output_dir: Path, cost) -> None:
-    folder = Path(output_dir).expanduser().resolve()
-    existing = next(p for p in (folder, *folder.parents) if p.exists())
-    free = shutil.disk_usage(existing).free
-    if free < cost.disk_bytes:
-        from budgets.units import human_bytes
+    from budgets.units import human_bytes
+    from grpolab.endings import free_bytes
 
+    folder = Path(output_dir).expanduser().resolve()
+    free = free_bytes(folder)
+    if free < cost.disk_bytes:
         raise LabSettingsError(
-            f"ship: {existing} has {human_bytes(free)} free and the merge needs {human_bytes(cost.disk_bytes)} "
+            f"ship: {folder} has {human_bytes(free)} free and the merge needs {human_bytes(cost.disk_bytes)} "
             "(the 16-bit merge, its GGUF file and MLflow's copy): free some, or pass --output-dir on a larger disk"
         )
 
 
-def _ship(found, profile: str, device, args, cost) -> int:
+def _ship(found, profile: str, args, cost) -> int:
     from grpolab import policy  # Unsloth first: it patches transformers and TRL  # noqa: F401
 
     # isort: split
@@ -200,7 +200,7 @@ def _ship(found, profile: str, device, args, cost) -> int:
         raise
     print("\n".join(report.lines(found, stages)))
     print(verdict.splitlines()[0])
-    print(f"Registered {registered}" if registered else "")
+    print(f"Registered {registered}")
     print(f"MLflow run {run.info.run_id}: {tracking.run_url(run)}")
     return 0
 

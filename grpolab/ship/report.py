@@ -15,40 +15,32 @@ TOLERANCE_PROMPTS = {"reload": 0}
 DEFAULT_TOLERANCE = 1
 
 
-def outcome(stage: Stage, logged_right: int) -> str | None:
-    """ "kept", "lost" or "changed" (another model, scoring higher); None when it was not scored."""
-    if stage.result is None:
-        return None
-    diff = round(stage.result.accuracy * stage.result.prompts) - logged_right
+def outcome(stage: Stage, logged_right: int) -> str:
+    """ "kept", "lost" or "changed" (another model, scoring higher)."""
+    diff = stage.right - logged_right
     if abs(diff) <= TOLERANCE_PROMPTS.get(stage.name, DEFAULT_TOLERANCE):
         return "kept"
     return "lost" if diff < 0 else "changed"
 
 
-def kept(stage: Stage, logged_right: int) -> bool | None:
-    found = outcome(stage, logged_right)
-    return None if found is None else found == "kept"
+def logged_right(found) -> int:
+    """Held-out prompts the adapter answered right when it was trained, as its run logged it."""
+    return round(found.adapter_accuracy * found.settings.eval_prompts)
 
 
 def table(found, stages: list[Stage]) -> list[tuple[str, str, str, str, str]]:
-    """(stage, held-out right, against the adapter, answers changed, kept?) per stage."""
-    n = found.settings.eval_prompts
-    logged = round(found.adapter_accuracy * n)
-    reference = stages[0].result
+    """(stage, held-out right, against the adapter, answers changed, verdict) per stage."""
+    n, logged, reference = found.settings.eval_prompts, logged_right(found), stages[0].result
     rows = [("adapter (training run)", f"{logged}/{n} ({found.adapter_accuracy:.1%})", "", "", "")]
     for stage in stages:
-        if stage.result is None:
-            rows.append((stage.name, "not scored", "", "", ""))
-            continue
-        right = round(stage.result.accuracy * stage.result.prompts)
-        changed = stage.changed(reference) if stage.name != "reload" else 0
+        verdict = outcome(stage, logged)
         rows.append(
             (
                 stage.name,
-                f"{right}/{n} ({stage.result.accuracy:.1%})",
-                f"{right - logged:+d} prompts",
-                str(changed),
-                outcome(stage, logged).upper() if outcome(stage, logged) != "kept" else "kept",
+                f"{stage.right}/{n} ({stage.result.accuracy:.1%})",
+                f"{stage.right - logged:+d} prompts",
+                str(stage.changed(reference)),
+                verdict if verdict == "kept" else verdict.upper(),
             )
         )
     return rows
@@ -61,15 +53,12 @@ def lines(found, stages: list[Stage]) -> list[str]:
 
 
 def verdict(found, stages: list[Stage]) -> str:
-    n = found.settings.eval_prompts
-    logged = round(found.adapter_accuracy * n)
-    reference = stages[0].result
+    n, logged, reference = found.settings.eval_prompts, logged_right(found), stages[0].result
     by = {o: [s for s in stages if outcome(s, logged) == o] for o in ("kept", "lost", "changed")}
     first = f"Kept what GRPO taught ({logged} of {n} held-out prompts right): {', '.join(s.name for s in by['kept']) or 'no stage'}."
 
     def said(s: Stage) -> str:
-        right = round(s.result.accuracy * n)
-        return f"{s.name} ({right} of {n}, {right - logged:+d}; {s.changed(reference)} answers changed)"
+        return f"{s.name} ({s.right} of {n}, {s.right - logged:+d}; {s.changed(reference)} answers changed)"
 
     if by["lost"]:
         first += " Lost it: " + "; ".join(said(s) for s in by["lost"]) + "."
@@ -82,10 +71,9 @@ def verdict(found, stages: list[Stage]) -> str:
 def chart(found, stages: list[Stage]):
     from matplotlib.figure import Figure  # a bare Figure: no pyplot backend switched
 
-    n = found.settings.eval_prompts
-    logged = round(found.adapter_accuracy * n)
+    n, logged, reference = found.settings.eval_prompts, logged_right(found), stages[0].result
     names = [s.name for s in stages]
-    right = [round(s.result.accuracy * n) if s.result else 0 for s in stages]
+    right = [s.right for s in stages]
     colours = [{"kept": "#4c956c", "lost": "#c0504d"}.get(outcome(s, logged), "#d4a017") for s in stages]
     fig = Figure(figsize=(7.5, 3.6), dpi=100)
     ax = fig.subplots()
@@ -96,9 +84,8 @@ def chart(found, stages: list[Stage]):
     if found.base_accuracy is not None:
         base = round(found.base_accuracy * n)
         ax.axhline(base, color="grey", linestyle=":", linewidth=1, label=f"the base, before GRPO ({base})")
-    reference = stages[0].result
     for x, (stage, value) in enumerate(zip(stages, right, strict=True)):
-        changed = stage.changed(reference) if stage.result is not None else 0
+        changed = stage.changed(reference)
         label = f"{value}" + (f"\n{changed} answers\nchanged" if changed else "")
         ax.text(x, value + n * 0.01, label, ha="center", va="bottom", fontsize=8)
     ax.set_ylim(0, n * 1.3)
@@ -118,9 +105,7 @@ def log(found, stages: list[Stage], registered: str) -> str:
     reference = stages[0].result
     metrics = {"ship/adapter/accuracy": found.adapter_accuracy}
     for stage in stages:
-        metrics |= stage.metrics(reference)
-        if stage.result is not None:  # measured against the training run's logged figure, not the reload
-            metrics[f"ship/{stage.name}/accuracy_diff"] = stage.result.accuracy - found.adapter_accuracy
+        metrics |= stage.metrics(reference, found.adapter_accuracy)
     mlflow.log_metrics(metrics)
     fig = chart(found, stages)
     mlflow.log_figure(fig, CHART)

@@ -45,10 +45,10 @@ def check_port(port: int) -> None:
             ) from None
 
 
-def log_merged(merged: Path, max_new_tokens: int, registered_name: str, training_run: str):
+def log_merged(merged: Path, max_new_tokens: int, registered_name: str, training_run: str) -> str:
     """The 16-bit merge as an MLflow model (transformers flavor, greedy by default) in the active run,
-    registered as a new version of `registered_name` whose tags point at the training run:
-    (model URI, version)."""
+    registered as a new version of `registered_name` whose tags point at the training run: its
+    `models:/` URI."""
     import logging
 
     import mlflow
@@ -78,7 +78,7 @@ def log_merged(merged: Path, max_new_tokens: int, registered_name: str, training
         version.version,
         description=f"GRPO adapter of training run {training_run}, merged into the base's 16-bit weights.",
     )
-    return f"models:/{registered_name}/{version.version}", version
+    return f"models:/{registered_name}/{version.version}"
 
 
 @contextmanager

@@ -74,18 +74,18 @@ def find(target: str, client, lab_dir: Path, profile: str) -> Source:
 
 
 def check_shape(source: Source) -> None:
-    """The adapter must be the one the run's settings describe (its rank and target modules):
+    """The adapter must be the one the run's settings describe (its rank, alpha and target modules):
     another shape would load beside the base and be scored as if it were the run's."""
     import json
 
+    from grpolab.checkpoints import lora_shape_differences
+
     config = json.loads((source.adapter_dir / "adapter_config.json").read_text())
-    s = source.settings
-    targets = set(config.get("target_modules") or ())
-    if config.get("r") != s.lora_rank or targets != set(s.target_modules):
+    differ = lora_shape_differences(config, source.settings)
+    if differ:
         raise LabSettingsError(
-            f"ship: the adapter at {source.adapter_dir} has rank {config.get('r')} on {sorted(targets)}, "
-            f"but run {source.run_id} trained rank {s.lora_rank} on {sorted(s.target_modules)}: "
-            "pass the adapter that run saved"
+            f"ship: the adapter at {source.adapter_dir} holds another LoRA shape ({'; '.join(differ)}) than "
+            f"run {source.run_id} trained: pass the adapter that run saved"
         )
 
 

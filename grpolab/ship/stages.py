@@ -10,42 +10,38 @@ prompts, greedy, with the task's exact checker (grpolab.evaluate), against what 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpolab.evaluate import EvalResult
 
-STAGES = ("reload", "merged_16bit", "merged_4bit", "gguf", "served")
-
 
 @dataclass
 class Stage:
-    """One stage, scored (`result`) or refused (`result` None, `note` says why in one line)."""
+    """One stage, scored: its held-out result, how it was made and scored, what else it measured."""
 
     name: str
-    result: EvalResult | None
-    note: str = ""  # how it was made and scored, or why it was not
+    result: EvalResult
+    note: str = ""  # how it was made and scored, and what went wrong when something did
     figures: dict[str, float] = field(default_factory=dict)  # what else it measured: ship/<stage>/<name>
 
-    def prompts_diff(self, adapter: EvalResult) -> int | None:
-        """Held-out prompts right here minus right for the adapter (0: kept exactly)."""
-        if self.result is None:
-            return None
-        return round(self.result.accuracy * self.result.prompts) - round(adapter.accuracy * adapter.prompts)
+    @property
+    def right(self) -> int:
+        """Held-out prompts it answered right."""
+        return round(self.result.accuracy * self.result.prompts)
 
-    def changed(self, adapter: EvalResult) -> int | None:
-        """Held-out prompts whose answer differs, character for character, from the adapter's."""
-        if self.result is None:
-            return None
-        return sum(a != b for a, b in zip(self.result.completions, adapter.completions, strict=True))
+    def changed(self, reference: EvalResult) -> int:
+        """Held-out prompts whose answer differs, character for character, from the reload's."""
+        return sum(a != b for a, b in zip(self.result.completions, reference.completions, strict=True))
 
-    def metrics(self, adapter: EvalResult) -> dict[str, float]:
-        if self.result is None:
-            return {}
+    def metrics(self, reference: EvalResult, logged_accuracy: float) -> dict[str, float]:
+        """ship/<stage>/*: its accuracy, its difference from the training run's logged accuracy, the
+        answers it changed from the reload's, and its own figures."""
         return {
             f"ship/{self.name}/accuracy": self.result.accuracy,
-            f"ship/{self.name}/accuracy_diff": self.result.accuracy - adapter.accuracy,
-            f"ship/{self.name}/answers_changed": float(self.changed(adapter)),
+            f"ship/{self.name}/accuracy_diff": self.result.accuracy - logged_accuracy,
+            f"ship/{self.name}/answers_changed": float(self.changed(reference)),
             **{f"ship/{self.name}/{k}": v for k, v in self.figures.items()},
         }
 
@@ -60,66 +56,55 @@ def load_adapter_as_a_user_does(adapter_dir: Path, settings):
 
 
 def adapter_applied(model, adapter_dir: Path) -> str:
-    """Which load path served the model: "" when the saved adapter's weights are the ones in it, else
-    one line naming what was served instead."""
+    """Which load path served the model: "" when the saved adapter's tensors are the ones in it and
+    active, else one line naming what was served instead."""
+    from peft import get_peft_model_state_dict
     from safetensors.torch import load_file
 
-    saved = load_file(str(adapter_dir / "adapter_model.safetensors"))
-    if not hasattr(model, "peft_config"):
-        return f"the loader served the base alone: no adapter is attached to {type(model).__name__}"
-    state = {k: v for k, v in model.state_dict().items() if "lora_" in k}
-    if not state:
-        return "the loader attached no LoRA layers: the base answered"
     from grpolab.ship.merge import lora_layers
 
+    if not hasattr(model, "peft_config"):
+        return f"the loader served the base alone: no adapter is attached to {type(model).__name__}"
     if any(layer.disable_adapters for _, layer in lora_layers(model)) or not model.active_adapters:
         return "the adapter is attached but disabled: the base answered"
-    matched = 0
-    for key, value in saved.items():
-        mine = [
-            v
-            for k, v in state.items()
-            if k.replace(".default", "").endswith(key.split("base_model.model.")[-1])
-        ]
-        if mine and mine[0].shape == value.shape and bool((mine[0].float().cpu() == value.float()).all()):
-            matched += 1
-    if matched < len(saved):
-        return f"only {matched} of the adapter's {len(saved)} tensors are the saved ones: another adapter answered"
+    saved = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    # PEFT's own view of the adapter, under the names it saves them with.
+    mine = get_peft_model_state_dict(model)
+    same = [k for k, v in saved.items() if k in mine and _same(mine[k], v)]
+    if len(same) < len(saved):
+        return f"only {len(same)} of the adapter's {len(saved)} tensors are the saved ones: another adapter answered"
     return ""
 
 
-def held_out_logits(model, tokenizer, settings, completions: tuple[str, ...]) -> list:
+def _same(a, b) -> bool:
+    return a.shape == b.shape and bool((a.detach().float().cpu() == b.float()).all())
+
+
+def held_out_logits(model, tokenizer, settings, completions: tuple[str, ...]) -> Iterator:
     """A model's logits over every token of each held-out prompt followed by the adapter's answer
-    (teacher-forced, so that two models read the same text), in float32 on the CPU, batch by batch:
+    (teacher-forced, so that two models read the same text), in float32 on the CPU, a batch at a time:
     only the tokens each batch really holds (padding dropped)."""
     import torch
 
-    from grpolab.evaluate import eval_rows
+    from grpolab.evaluate import eval_rows, held_out_prompts
 
-    rows = eval_rows(settings)
-    texts = [
-        tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) + c
-        for p, c in zip(rows["prompt"], completions, strict=True)
-    ]
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    found = []
-    try:
-        with torch.no_grad():
-            for start in range(0, len(texts), 16):
-                batch = tokenizer(
-                    texts[start : start + 16], return_tensors="pt", padding=True, add_special_tokens=False
-                )
-                batch = {k: v.to(model.device) for k, v in batch.items()}
-                logits = model(**batch).logits.float()
-                found.append(logits[batch["attention_mask"].bool()].cpu())
-    finally:
-        tokenizer.padding_side = side
-    return found
+    prompts = held_out_prompts(tokenizer, eval_rows(settings))
+    texts = [p + c for p, c in zip(prompts, completions, strict=True)]
+    with torch.no_grad():
+        for start in range(0, len(texts), 16):
+            batch = tokenizer(
+                texts[start : start + 16],
+                return_tensors="pt",
+                padding=True,
+                padding_side="left",
+                add_special_tokens=False,
+            ).to(model.device)
+            logits = model(**batch).logits.float()
+            yield logits[batch["attention_mask"].bool()].cpu()
 
 
-def largest_gap(a: list, b: list) -> float:
-    """The largest difference between two models' logits for the same token."""
+def largest_gap(a: Iterable, b: Iterable) -> float:
+    """The largest difference between two models' logits for the same token, a batch of each at a time."""
     return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
 
 
@@ -209,12 +194,13 @@ class Shipment:
         lost_template = not self.merged_tokenizer.chat_template
         STOPS.enter("the 16-bit merge's held-out evaluation")
         result = evaluate(plain, self.merged_tokenizer, self.settings, "merged_16bit")
-        # The adapter's logits are kept for the 4-bit merge's comparison on a CPU (on a GPU, Qwen3-4B's
-        # for every held-out token would take gigabytes of host memory: its answers are compared instead).
-        self.adapter_logits = self._logits(self.model)
-        gap = largest_gap(self.adapter_logits, self._logits(plain))
-        if self.on_gpu:
-            self.adapter_logits = None
+        # The adapter's logits are kept for the 4-bit merge's comparison on a CPU. On a GPU, Qwen3-4B's for
+        # every held-out token would take gigabytes of host memory: compared a batch at a time, then gone
+        # (the 4-bit merge's answers are compared instead).
+        adapter = self._logits(self.model)
+        if not self.on_gpu:
+            self.adapter_logits = adapter = list(adapter)
+        gap = largest_gap(adapter, self._logits(plain))
         note = f"{how}; largest logit difference from the adapter {gap:.2g}"
         if lost_template:
             note += "; its tokenizer has NO chat template: the prompts would not be the trained ones"
@@ -265,22 +251,17 @@ class Shipment:
         import mlflow
 
         from grpolab.endings import STOPS
-        from grpolab.evaluate import eval_rows, score
+        from grpolab.evaluate import eval_rows, held_out_prompts, score
         from grpolab.ship import serve
 
         s = self.settings
         STOPS.enter("the registered model's logging")
         name = f"{self.found.run.data.tags.get('model_id', 'model')}-{s.task}-grpo"
-        self.registered, _ = serve.log_merged(
-            self.merged_dir, s.max_completion_length, name, self.found.run_id
-        )
+        self.registered = serve.log_merged(self.merged_dir, s.max_completion_length, name, self.found.run_id)
         mlflow.set_tag("ship.registered_model", self.registered)
         rows = eval_rows(s)
         tokenizer = self.merged_tokenizer
-        prompts = [
-            tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False)
-            for p in rows["prompt"]
-        ]
+        prompts = held_out_prompts(tokenizer, rows)
         port = self.args.port or serve.free_port()
         STOPS.enter("the server's start and its held-out answers")
         if self.on_gpu:
@@ -294,7 +275,7 @@ class Shipment:
         lengths = [len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers]
         return Stage("served", score(s, rows, answers, lengths, "served"), f"{how}, asked over HTTP")
 
-    def _logits(self, model) -> list:
+    def _logits(self, model) -> Iterator:
         return held_out_logits(model, self.tokenizer, self.settings, self.reference.completions)
 
 

@@ -280,7 +280,9 @@ def test_an_adapter_of_another_shape_and_a_full_disk_are_one_line(shipped, tmp_p
     config = json.loads((other / "adapter_config.json").read_text())
     (other / "adapter_config.json").write_text(json.dumps({**config, "r": config["r"] * 2}))
     found.adapter_dir = other
-    with pytest.raises(LabSettingsError, match=r"has rank \d+ .* but run \w+ trained rank"):
+    with pytest.raises(
+        LabSettingsError, match=r"holds another LoRA shape \(r \d+ \(run: \d+\)\) than run \w+ trained"
+    ):
         source.check_shape(found)
     with pytest.raises(
         LabSettingsError, match=r"free and the merge needs .* pass --output-dir on a larger disk"
@@ -308,6 +310,39 @@ def test_an_adapter_whose_folder_is_gone_is_fetched_from_its_runs_artifacts(ship
         assert (fetched / name).read_bytes() == (original / name).read_bytes()
     assert source._adapter_of(gone, chapter_run.client) == fetched  # fetched once, then the cache's
     assert [p.name for p in fetched.parent.iterdir()] == [trained.info.run_id]  # nothing half-fetched
+
+
+@pytest.mark.slow
+@CPU_RUN
+def test_the_reload_check_names_an_adapter_that_is_not_the_saved_one(shipped, stack, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from grpolab.ship import lab as ship_lab
+    from grpolab.ship import source, stages
+
+    chapter_run, _, trained = shipped
+    found = source.find(trained.info.run_id, chapter_run.client, ship_lab.FIRST_DIR, "cpu")
+    model, _ = stages.load_adapter_as_a_user_does(found.adapter_dir, found.settings)
+    assert stages.adapter_applied(model, found.adapter_dir) == ""
+    # Another adapter's tensors on disk: one of them differs from what the model holds.
+    other = tmp_path / "adapter"
+    shutil.copytree(found.adapter_dir, other)
+    weights = load_file(str(other / "adapter_model.safetensors"))
+    first = sorted(weights)[0]
+    weights[first] = weights[first] + 1
+    save_file(weights, str(other / "adapter_model.safetensors"))
+    said = stages.adapter_applied(model, other)
+    assert (
+        said
+        == f"only {len(weights) - 1} of the adapter's {len(weights)} tensors are the saved ones: another adapter answered"
+    )
+    with model.disable_adapter():
+        assert (
+            stages.adapter_applied(model, found.adapter_dir)
+            == "the adapter is attached but disabled: the base answered"
+        )
 
 
 def test_no_finished_run_is_said_in_one_line_with_what_to_do(tmp_path):
