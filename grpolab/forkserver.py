@@ -94,8 +94,8 @@ def available() -> bool:
 
 def preload() -> None:
     """Import what every lab imports, as a CPU lab does: the CPU's arithmetic pinned, the standby
-    switch, then Unsloth, then the rest; and let Unsloth generate its trainers (what every lab's policy
-    load does first)."""
+    switch, then Unsloth, then the rest; let Unsloth generate its trainers (what every lab's policy
+    load does first), and ask inductor what the CPU's vector instructions are (its first compile does)."""
     import importlib
 
     from grpolab import console, cuda_env, numerics
@@ -113,6 +113,13 @@ def preload() -> None:
     from grpolab.unsloth_trainer import grpo_trainer_class
 
     grpo_trainer_class()
+    # The first compiled call of a process asks which vector instructions inductor may generate: it
+    # builds a small library per candidate and loads each in a Python of its own (about a second of
+    # CPU, measured 2026-12-04). The answer is the machine's, not a run's (which of them a run uses
+    # follows ATEN_CPU_CAPABILITY, read at each compile): asked once here, every child inherits it.
+    from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+    valid_vec_isa_list()
 
 
 # --- the caller's side --------------------------------------------------------------------------

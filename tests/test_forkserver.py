@@ -28,6 +28,7 @@ pytestmark = [
 SCRIPT = """
 import atexit, json, os, random, sys, time
 import numpy, torch
+from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 atexit.register(lambda: print("atexit ran", flush=True))
 print(json.dumps({
     "argv": sys.argv[1:], "cwd": os.getcwd(), "name": __name__, "path0": sys.path[0],
@@ -35,6 +36,7 @@ print(json.dumps({
     "alloc": os.environ.get("PYTORCH_ALLOC_CONF"), "stdin": sys.stdin.read(),
     "random": [random.random(), float(numpy.random.rand()), float(torch.rand(1))],
     "threads": torch.get_num_threads(), "unsloth": "unsloth" in sys.modules,
+    "isa_known": valid_vec_isa_list.cache_info().currsize == 1,
 }), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 action = sys.argv[1] if len(sys.argv) > 1 else ""
@@ -86,6 +88,7 @@ def test_a_child_runs_the_script_as_python_would(server, script, tmp_path, monke
     assert seen["kept"] == "from the caller" and seen["alloc"] == "expandable_segments:True"
     assert seen["stdin"] == ""  # /dev/null
     assert seen["unsloth"], "the stack was imported before the fork: the child pays nothing for it"
+    assert seen["isa_known"], "inductor's check of the CPU's vector instructions was made before the fork"
     assert err == "to stderr\n" and out.rstrip().endswith("atexit ran")  # the interpreter's own end
 
 
