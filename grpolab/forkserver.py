@@ -113,13 +113,18 @@ def preload() -> None:
     from grpolab.unsloth_trainer import grpo_trainer_class
 
     grpo_trainer_class()
-    # The first compiled call of a process asks which vector instructions inductor may generate: it
-    # builds a small library per candidate and loads each in a Python of its own (about a second of
-    # CPU, measured 2026-12-04). The answer is the machine's, not a run's (which of them a run uses
-    # follows ATEN_CPU_CAPABILITY, read at each compile): asked once here, every child inherits it.
+    # A process's first compile also asks what does not change from one run to the next: which vector
+    # instructions inductor may generate (it builds a small library per candidate and loads each in a
+    # Python of its own), and the keys of its caches (hashes of torch's and Triton's installed
+    # sources). About 2 s of CPU per lab, measured 2026-12-04. The answers are the machine's and the
+    # installation's, not a run's (which instructions a run uses follows ATEN_CPU_CAPABILITY, read at
+    # each compile): asked once here, every child inherits them.
+    from torch._inductor.codecache import CacheBase, torch_key
     from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
     valid_vec_isa_list()
+    torch_key()
+    CacheBase.get_system()
 
 
 # --- the caller's side --------------------------------------------------------------------------
