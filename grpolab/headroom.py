@@ -365,10 +365,19 @@ def verdict(results: list[dict[str, Any]], host: Host) -> str:
     per_minute = max(timed, key=lambda r: r["gain_per_minute"])
     recipe = results[0]
     whose = "the stand-in's, on this CPU host" if host.profile == "cpu" else f"Qwen3-4B's, on {host.note}"
+    beyond = f"{per_gib['gain_over_recipe']:+.1f} points beyond the recipe's gain for {per_gib['spent_gib']:+.2f} GiB"
+    if per_gib["gain_over_recipe"] > 0:
+        by_gib = (
+            f"**Most learning per GiB: {per_gib['arm']}** ({per_gib['gain_per_gib']:+.1f} points of held-out "
+            f"accuracy per GiB: {beyond})."
+        )
+    else:  # the largest price per GiB is nothing bought: naming it "most" would crown a tie or a loss
+        by_gib = (
+            f"**No arm bought learning with its GiB**: none gained more than the recipe (the nearest, "
+            f"{per_gib['arm']}: {beyond})."
+        )
     return (
-        f"**Most learning per GiB: {per_gib['arm']}** ({per_gib['gain_per_gib']:+.1f} points of held-out "
-        f"accuracy per GiB: {per_gib['gain_over_recipe']:+.1f} points beyond the recipe's gain for "
-        f"{per_gib['spent_gib']:+.2f} GiB). **Most per minute: {per_minute['arm']}** "
+        f"{by_gib} **Most per minute: {per_minute['arm']}** "
         f"({per_minute['gain_per_minute']:+.1f} points per minute of training). The recipe alone gained "
         f"{_fmt(recipe.get('gain'), '+.1f')} points at {recipe['budget_gib']:.2f} GiB. Figures are {whose}, "
         "on one seed and one held-out set: a few points are within noise."

@@ -82,23 +82,72 @@ def test_the_books_claim_holds_every_arm_learns(chapter_claims):
     assert chapter_claims.failures == [], chapter_claims.failures
 
 
+VERDICT_BY_GIB = (
+    r"\*\*Most learning per GiB: (?P<most>\w+)\*\*"
+    r"|\*\*No arm bought learning with its GiB\*\*: none gained more than the recipe \(the nearest, (?P<nearest>\w+):"
+)
+VERDICT_PER_MINUTE = r"\*\*Most per minute: (\w+)\*\*"
+
+
+def arm_result(arm: str, gain: float, spent_gib: float, minutes: float) -> dict:
+    """An arm's figures as the chapter's report holds them, from its gain and what it spent."""
+    over = gain - 40.0  # the recipe's gain below
+    return {
+        "arm": arm,
+        "gain": gain,
+        "budget_gib": 1.55 + spent_gib,
+        "spent_gib": spent_gib,
+        "gain_over_recipe": over,
+        "gain_per_gib": over / spent_gib if spent_gib else None,
+        "gain_per_minute": gain / minutes,
+    }
+
+
+@pytest.mark.parametrize(
+    ("batch_gain", "says"),
+    [
+        (60.0, "**Most learning per GiB: batch** (+400.0 points of held-out accuracy per GiB: +20.0 points"),
+        (40.0, "**No arm bought learning with its GiB**: none gained more than the recipe (the nearest, "),
+    ],
+)
+def test_the_verdict_names_an_arm_most_only_where_its_gib_bought_more_than_the_recipe(batch_gain, says):
+    """An arm whose GiB bought a gain beyond the recipe's is "most per GiB"; where none did (a tie, or
+    every arm below the recipe), the verdict says so and names the nearest, instead of crowning it."""
+    from grpolab.headroom import verdict
+    from grpolab.sweep.host import Host
+
+    results = [
+        arm_result("recipe", 40.0, 0.0, 0.25),
+        arm_result("group", 30.0, 0.10, 1.0),
+        arm_result("batch", batch_gain, 0.05, 0.5),
+    ]
+    text = verdict(results, Host("cpu"))
+    assert text.startswith(says), text
+    assert re.match(VERDICT_BY_GIB, text) and re.search(VERDICT_PER_MINUTE, text).group(1) == "recipe", text
+    if batch_gain == 40.0:
+        assert "the nearest, batch: +0.0 points beyond the recipe's gain for +0.05 GiB)." in text, text
+
+
 @pytest.mark.slow
 @cpu_only("reads the CPU profile's run; on a GPU the same command trains Qwen3-4B per arm")
 def test_the_overview_opens_with_the_verdict_and_the_chart(arms):
     run, parent, _ = arms
     note = parent.data.tags["mlflow.note.content"]
-    found = re.match(
-        r"\*\*Most learning per GiB: (\w+)\*\*.*\*\*Most per minute: (\w+)\*\*", note, flags=re.S
-    )
-    assert found and {found.group(1), found.group(2)} <= set(ARMS), note
-    assert found.group(1) != "recipe"  # the recipe spends nothing: it has no price per GiB
+    by_gib, per_minute = re.match(VERDICT_BY_GIB, note), re.search(VERDICT_PER_MINUTE, note)
+    assert by_gib and per_minute, note
+    best = by_gib.group("most") or by_gib.group("nearest")
+    assert {best, per_minute.group(1)} <= set(ARMS), note
+    assert best != "recipe"  # the recipe spends nothing: it has no price per GiB
     assert "get-artifact?path=headroom%2Fgain_per_gib_and_minute.png" in note
     artifacts = {a.path for a in run.client.list_artifacts(parent.info.run_id, "headroom")}
     assert {"headroom/arms.json", "headroom/arms.md", "headroom/gain_per_gib_and_minute.png"} <= artifacts
-    # The verdict's arm is the one whose logged figure is the largest.
+    # The verdict's arm is the one whose logged figure is the largest, called "most" only where it
+    # gained more than the recipe.
     per_gib = {a: parent.data.metrics.get(f"headroom/{a}/gain_per_gib") for a in ARMS}
     priced = {a: v for a, v in per_gib.items() if v is not None}
-    assert max(priced, key=priced.get) == found.group(1), priced
+    assert max(priced, key=priced.get) == best, priced
+    bought = parent.data.metrics[f"headroom/{best}/gain_over_recipe"] > 0
+    assert bought == (by_gib.group("most") is not None), note
     assert "the stand-in's, on this CPU host" in note
     assert "| arm | cell" in run.stdout and "Most learning per GiB" in run.stdout
 
