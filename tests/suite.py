@@ -522,3 +522,99 @@ def sample_comparison(**overrides):
     for key, value in overrides.items():
         setattr(c, key, value)
     return c
+
+
+# --- a sketched chapter, picked up by the suite (tests/test_chapters.py) ------------------------------
+SKIP_COPYING = {
+    ".venv",
+    ".git",
+    "outputs",
+    ".cache",
+    "mlruns",
+    "mlflow.db",
+    "__pycache__",
+    ".pytest_cache",
+    ".ruff_cache",
+    "unsloth_compiled_cache",
+}
+# The shared checks that read every chapter, run on the sketched copy.
+SKETCH_CHECKS = [
+    "test_every_command_on_every_page_is_exercised",
+    "test_every_relative_link_on_every_page_resolves",
+    "test_every_chapter_has_its_files",
+    "test_there_is_a_notebook_for_every_lab",
+]
+
+
+def what_a_chapter_touches(doc: Path = REPO_ROOT / "docs" / "chapters.md") -> list[str]:
+    """The paths docs/chapters.md says a new chapter's author touches (`<name>`, `NN` as written)."""
+    section = doc.read_text().split("## The next chapter, sketched", 1)[1].split("\n## ", 1)[0]
+    bullets = [line for line in section.splitlines() if line.startswith("- `")]
+    return [
+        p
+        for line in bullets
+        for p in re.findall(r"`([^`]+)`", line.split(":", 1)[0])
+        if "/" in p or p.endswith(".md")
+    ]
+
+
+def files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def sketch_chapter(repo: Path, name: str, number: int) -> None:
+    """Chapter `number` sketched as a copy of chapter 1: its folder (its lab.toml naming it, its page
+    chapter 1's), its notebook pair, its README row after the last one, linking to its page."""
+    shutil.copytree(
+        repo / "labs" / "grpo-first", repo / "labs" / name, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    (repo / "labs" / name / "lab.toml").write_text(f'chapter = "{name}"\n')
+    for suffix in (".py", ".ipynb"):
+        text = (repo / "notebooks" / f"01-grpo-first{suffix}").read_text()
+        (repo / "notebooks" / f"{number:02d}-{name}{suffix}").write_text(text.replace("grpo-first", name))
+    readme = (repo / "README.md").read_text().splitlines()
+    last = max(i for i, line in enumerate(readme) if re.match(r"\| \d+\. ", line))
+    row = (
+        f"| {number}. [A sketch](labs/{name}/README.md) | `uv run python labs/{name}/train.py` | "
+        f"`notebooks/{number:02d}-{name}.ipynb` | not measured yet |"
+    )
+    (repo / "README.md").write_text("\n".join([*readme[: last + 1], row, *readme[last + 1 :]]) + "\n")
+
+
+def sketch_and_collect(folder: Path) -> dict[str, Any]:
+    """This repository copied into `folder` with chapter 5 sketched (`sketch_chapter`), what that
+    touched and what docs/chapters.md allows, then one pytest in the copy: its whole collection and the
+    runs it would start, written before `-k` keeps only the shared checks that read a chapter
+    (conftest.py: GRPOLAB_SUITE_PLAN), which then run."""
+    import json
+
+    repo = folder / "repo"
+    shutil.copytree(REPO_ROOT, repo, ignore=lambda _, names: [n for n in names if n in SKIP_COPYING])
+    before = files(repo)
+    sketch_chapter(repo, "grpo-sketch", 5)
+    touched = sorted(path for path, data in files(repo).items() if before.get(path) != data)
+    allowed = [p.replace("<name>", "grpo-sketch").replace("NN", "05") for p in what_a_chapter_touches()]
+    plan = folder / "plan.json"
+    env = {k: v for k, v in os.environ.items() if k != "GRPOLAB_FORKSERVER"} | {
+        "GRPOLAB_SUITE_PLAN": str(plan)
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-rA",
+            "-k",
+            " or ".join(SKETCH_CHECKS),
+        ],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    collected = json.loads(plan.read_text()) if plan.exists() else {"tests": [], "runs": []}
+    return {"touched": touched, "allowed": allowed, "done": done, "collected": collected}

@@ -13,12 +13,7 @@ suite with no edit outside what docs/chapters.md says a chapter touches.
 from __future__ import annotations
 
 import ast
-import json
-import os
 import re
-import shutil
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
@@ -178,67 +173,14 @@ def test_the_contract_catches_a_chapter_missing_a_clause(tmp_path):
 
 
 # --- a sketched chapter, picked up by the suite -----------------------------------------------------
-SKIP_COPYING = {
-    ".venv",
-    ".git",
-    "outputs",
-    ".cache",
-    "mlruns",
-    "mlflow.db",
-    "__pycache__",
-    ".pytest_cache",
-    ".ruff_cache",
-    "unsloth_compiled_cache",
-}
-
-
-def what_a_chapter_touches(doc: Path = REPO_ROOT / "docs" / "chapters.md") -> list[str]:
-    """The paths docs/chapters.md says a new chapter's author touches (`<name>`, `NN` as written)."""
-    section = doc.read_text().split("## The next chapter, sketched", 1)[1].split("\n## ", 1)[0]
-    bullets = [line for line in section.splitlines() if line.startswith("- `")]
-    return [
-        p
-        for line in bullets
-        for p in re.findall(r"`([^`]+)`", line.split(":", 1)[0])
-        if "/" in p or p.endswith(".md")
-    ]
-
-
-def files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
-
-
-def sketch_chapter(repo: Path, name: str, number: int) -> None:
-    """Chapter `number` sketched as a copy of chapter 1: its folder (its lab.toml naming it, its page
-    chapter 1's), its notebook pair, its README row after the last one, linking to its page."""
-    shutil.copytree(
-        repo / "labs" / "grpo-first", repo / "labs" / name, ignore=shutil.ignore_patterns("__pycache__")
-    )
-    (repo / "labs" / name / "lab.toml").write_text(f'chapter = "{name}"\n')
-    for suffix in (".py", ".ipynb"):
-        text = (repo / "notebooks" / f"01-grpo-first{suffix}").read_text()
-        (repo / "notebooks" / f"{number:02d}-{name}{suffix}").write_text(text.replace("grpo-first", name))
-    readme = (repo / "README.md").read_text().splitlines()
-    last = max(i for i, line in enumerate(readme) if re.match(r"\| \d+\. ", line))
-    row = (
-        f"| {number}. [A sketch](labs/{name}/README.md) | `uv run python labs/{name}/train.py` | "
-        f"`notebooks/{number:02d}-{name}.ipynb` | not measured yet |"
-    )
-    (repo / "README.md").write_text("\n".join([*readme[: last + 1], row, *readme[last + 1 :]]) + "\n")
-
-
 @pytest.mark.slow
-def test_a_sketched_chapter_is_picked_up_by_the_suite_with_no_edit_outside_its_own(tmp_path):
+def test_a_sketched_chapter_is_picked_up_by_the_suite_with_no_edit_outside_its_own(sketched):
     """A copy of this repository with chapter 5 sketched (a copy of chapter 1 with its own lab.toml,
     notebook and README row; nothing else edited, as docs/chapters.md lists): the suite collects its
     tests and its notebook's, would run its README command for them, and its shared checks (the
-    contract, every command on every page exercised, every link resolving) pass on it."""
-    repo = tmp_path / "repo"
-    shutil.copytree(REPO_ROOT, repo, ignore=lambda folder, names: [n for n in names if n in SKIP_COPYING])
-    before = files(repo)
-    sketch_chapter(repo, "grpo-sketch", 5)
-    touched = sorted(path for path, data in files(repo).items() if before.get(path) != data)
-    allowed = [p.replace("<name>", "grpo-sketch").replace("NN", "05") for p in what_a_chapter_touches()]
+    contract, every command on every page exercised, every link resolving) pass on it. The copy and
+    its pytest run in the background from the start (conftest.py `run_sketch`, suite.sketch_and_collect)."""
+    touched, allowed, done = sketched["touched"], sketched["allowed"], sketched["done"]
     assert allowed and all(
         any(t == a or (a.endswith("/") and t.startswith(a)) for a in allowed) for t in touched
     ), (
@@ -248,27 +190,6 @@ def test_a_sketched_chapter_is_picked_up_by_the_suite_with_no_edit_outside_its_o
     assert all(any(t == a or t.startswith(a) for t in touched) for a in allowed), (
         "the doc lists what was not touched"
     )
-
-    # One pytest in the copy: its whole collection and the runs it would start, written before `-k`
-    # keeps only the shared checks that read a chapter (conftest.py: GRPOLAB_SUITE_PLAN), which then run.
-    plan = tmp_path / "plan.json"
-    env = {k: v for k, v in os.environ.items() if k != "GRPOLAB_FORKSERVER"} | {
-        "GRPOLAB_SUITE_PLAN": str(plan)
-    }
-    checks = [
-        "test_every_command_on_every_page_is_exercised",
-        "test_every_relative_link_on_every_page_resolves",
-        "test_every_chapter_has_its_files",
-        "test_there_is_a_notebook_for_every_lab",
-    ]
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "-k", " or ".join(checks)],
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for passed in (
         "tests/test_chapters.py::test_every_chapter_has_its_files[grpo-sketch]",
@@ -277,11 +198,10 @@ def test_a_sketched_chapter_is_picked_up_by_the_suite_with_no_edit_outside_its_o
         "tests/test_notebooks.py::test_there_is_a_notebook_for_every_lab",
     ):
         assert f"PASSED {passed}" in done.stdout, done.stdout[-3000:]
-    collected = json.loads(plan.read_text())
-    tests = collected["tests"]
+    tests = sketched["collected"]["tests"]
     assert "labs/grpo-sketch/test_chapter.py::test_run_finished_and_is_tagged_with_its_profile" in tests
     assert (
         "tests/test_notebooks.py::test_notebook_executes_from_a_clean_kernel[05-grpo-sketch.ipynb]" in tests
     )
     assert "tests/test_chapters.py::test_every_chapter_has_its_files[grpo-sketch]" in tests
-    assert "chapter:grpo-sketch" in collected["runs"], collected["runs"]
+    assert "chapter:grpo-sketch" in sketched["collected"]["runs"], sketched["collected"]["runs"]
