@@ -342,73 +342,6 @@ def _sqlite(folder: Path) -> str:
     return f"sqlite:///{folder / 'mlflow.db'}"
 
 
-# --- what a user does with the wave's stopped runs -----------------------------------------------
-def run_stopped(background: Background, _: str) -> dict:
-    """The wave's two stopped runs and what a user does with them, in order: `python -m grpolab runs`
-    lists each store's; on SIGKILL's store `runs --reconcile` ends the dead run KILLED (beside a run of
-    a live process, this one, and one of another host, planted to be left alone); then each is resumed
-    (SIGTERM's with the README's `--resume last`, SIGKILL's by its folder) as a lab process, as the
-    wave's labs trained. Run in the background as soon as the wave ends; tests/test_run_endings.py
-    reads the endings, tests/test_run_resume.py the resumes."""
-    import mlflow
-
-    from grpolab import tracking
-
-    from suite import Ended, only_run, run_command
-
-    wave = background.result("wave")
-    out: dict[str, dict] = {}
-    for name in ("SIGTERM", "SIGKILL"):
-        lab = wave["labs"][name]
-        uri = f"sqlite:///{lab.output / 'mlflow.db'}"
-        client = mlflow.MlflowClient(uri)
-        before = only_run(client, lab)
-        listed = run_command(README_RUNS, MLFLOW_TRACKING_URI=uri)
-        planted, reconciled = {}, None
-        if name == "SIGKILL":
-            tags = before.data.tags
-            planted["other host"] = client.create_run(
-                before.info.experiment_id,
-                run_name="another host's",
-                tags={
-                    **{k: tags[k] for k in ("process.pid", "process.start_time")},
-                    "process.host": "another-host",
-                },
-            )
-            # A live process's run: this one's (not through lab_run, which would reconcile the store itself).
-            planted["alive"] = client.create_run(
-                before.info.experiment_id, run_name="alive", tags=tracking.process_tags()
-            )
-            reconciled = run_command(README_RECONCILE, MLFLOW_TRACKING_URI=uri)
-        after_stop = client.get_run(before.info.run_id)
-        (folder,) = lab.output.glob("grpo-first/*")
-        # What reconcile left of the planted runs; then ended, so that the resume sees a tidy store.
-        planted_status = {k: client.get_run(r.info.run_id).info.status for k, r in planted.items()}
-        for run in planted.values():
-            client.set_terminated(run.info.run_id)
-        target = ["--resume", str(folder)] if name == "SIGKILL" else script_and_args(README_RESUME)[1]
-        # A process of its own, as the run it is held against trained: like with like (a resume in this
-        # process would run kernels other tests compiled here first).
-        resumed = Lab(f"resume-{name}", LAB_DIR / "train.py", target, uri, lab.output)
-        result = Ended(resumed.wait(timeout=WAVE_TIMEOUT_S), resumed.stdout, resumed.stderr)
-        out[name] = {
-            "lab": lab,
-            "code": wave["codes"][name],
-            "client": client,
-            "uri": uri,
-            "before": before,
-            "listed": listed,
-            "reconciled": reconciled,
-            "planted": planted,
-            "planted_status": planted_status,
-            "after_stop": after_stop,
-            "folder": folder,
-            "result": result,
-            "after": client.get_run(before.info.run_id),
-        }
-    return out
-
-
 # --- a sketched chapter (tests/test_chapters.py): a copy of the repository and a pytest of its own ------
 def run_sketch(background: Background, _: str) -> dict:
     """Minutes of a loaded machine's wall clock, waiting on a subprocess: beside the rest, not in the
@@ -425,12 +358,11 @@ JOBS: dict[str, Callable[[Background, str], Any]] = {
     "stops": run_stops,
     "matrix_quick": run_matrix_quick,
     "sketch": run_sketch,
-    "stopped": run_stopped,
 }
 # Fixtures that read a background run, and the run each reads.
 BACKGROUND_FIXTURES = {
     "wave": "wave",
-    "stopped": "stopped",
+    "stopped": "wave",
     "culprits": "culprits",
     "stops": "stops",
     "matrix_quick": "matrix_quick",
@@ -509,7 +441,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 def _expected_order(key: str) -> tuple[int, str]:
     """Tests that read the quicker runs go first: the wave, then the chapters in the README's order."""
-    if key in ("wave", "stopped", "culprits", "matrix_quick", "sketch"):
+    if key in ("wave", "culprits", "matrix_quick", "sketch"):
         return (0, key)
     names = [c.name for c in chapters()]
     name = key.partition(":")[2]
@@ -611,8 +543,70 @@ def sketched(background: Background) -> dict:
 
 
 @pytest.fixture(scope="session")
-def stopped(background: Background) -> dict:
-    return background.result("stopped")
+def stopped(wave: dict, stack: None) -> dict:
+    """The wave's two stopped runs and what a user does with them, in order: `python -m grpolab runs`
+    lists each store's; on SIGKILL's store `runs --reconcile` ends the dead run KILLED (beside a run of
+    a live process and one of another host, planted to be left alone); then each is resumed (SIGTERM's
+    with the README's `--resume last`, SIGKILL's by its folder) as a lab process, as the wave's labs
+    trained. Not in the background: the resumes continue the wave's stopped runs, which the endings'
+    tests read as the stops left them first. tests/test_run_endings.py reads the endings,
+    tests/test_run_resume.py the resumes."""
+    import mlflow
+
+    from grpolab import tracking
+
+    from suite import Ended, only_run, run_command
+
+    out: dict[str, dict] = {}
+    for name in ("SIGTERM", "SIGKILL"):
+        lab = wave["labs"][name]
+        uri = f"sqlite:///{lab.output / 'mlflow.db'}"
+        client = mlflow.MlflowClient(uri)
+        before = only_run(client, lab)
+        listed = run_command(README_RUNS, MLFLOW_TRACKING_URI=uri)
+        planted, reconciled = {}, None
+        if name == "SIGKILL":
+            tags = before.data.tags
+            planted["other host"] = client.create_run(
+                before.info.experiment_id,
+                run_name="another host's",
+                tags={
+                    **{k: tags[k] for k in ("process.pid", "process.start_time")},
+                    "process.host": "another-host",
+                },
+            )
+            # A live process's run: this one's (not through lab_run, which would reconcile the store itself).
+            planted["alive"] = client.create_run(
+                before.info.experiment_id, run_name="alive", tags=tracking.process_tags()
+            )
+            reconciled = run_command(README_RECONCILE, MLFLOW_TRACKING_URI=uri)
+        after_stop = client.get_run(before.info.run_id)
+        (folder,) = lab.output.glob("grpo-first/*")
+        # What reconcile left of the planted runs; then ended, so that the resume sees a tidy store.
+        planted_status = {k: client.get_run(r.info.run_id).info.status for k, r in planted.items()}
+        for run in planted.values():
+            client.set_terminated(run.info.run_id)
+        target = ["--resume", str(folder)] if name == "SIGKILL" else script_and_args(README_RESUME)[1]
+        # A process of its own, as the run it is held against trained: like with like (a resume in this
+        # process would run kernels other tests compiled here first).
+        resumed = Lab(f"resume-{name}", LAB_DIR / "train.py", target, uri, lab.output)
+        result = Ended(resumed.wait(timeout=WAVE_TIMEOUT_S), resumed.stdout, resumed.stderr)
+        out[name] = {
+            "lab": lab,
+            "code": wave["codes"][name],
+            "client": client,
+            "uri": uri,
+            "before": before,
+            "listed": listed,
+            "reconciled": reconciled,
+            "planted": planted,
+            "planted_status": planted_status,
+            "after_stop": after_stop,
+            "folder": folder,
+            "result": result,
+            "after": client.get_run(before.info.run_id),
+        }
+    return out
 
 
 # --- honest markers ---------------------------------------------------------------------------------
