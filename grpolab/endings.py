@@ -46,6 +46,7 @@ from typing import Any, NoReturn
 
 from budgets.units import GIB, MIB
 from grpolab.errors import EXIT_BAD_INPUT
+from grpolab.paths import REPO_ROOT
 
 # Exit codes: bad input (grpolab.errors), out of memory, a full disk; a signal exits 128 + its number
 # (130 for Ctrl-C).
@@ -173,12 +174,21 @@ class Stops:
             yield self
             return
         self.pending, self.opened, self._previous = None, 0, _install(self._arrived)
+        ends_the_process = _lab_entry_point()
         try:
             yield self
         finally:
             previous, self._previous = self._previous, None
-            _restore(previous)
-            self.pending = None
+            pending, self.pending = self.pending, None
+            if ends_the_process:
+                # A lab's entry point ends through exit_process: its handlers take over here, leaving no
+                # instant under Python's own between the run's end and the process's (a SIGINT sent as
+                # the lab printed its last line raised KeyboardInterrupt there, 2026-12-04).
+                _install(_after_the_run)
+            else:
+                _restore(previous)
+        if ends_the_process and pending is not None:  # one that came after the last check: not dropped
+            _after_the_run(pending[0], None)
 
     def enter(self, doing: str, until: str = "") -> None:
         """The next phase begins (what came before is done): a stop recorded so far is acted on."""
@@ -260,6 +270,25 @@ def exit_after(stop: BaseException, stops: Stops = STOPS) -> int:
 HOLD_EXIT_ENV = "GRPOLAB_HOLD_EXIT_S"
 
 
+def _after_the_run(signum, frame) -> None:
+    """A signal once a lab's run has ended: say so, and exit 128 + the signal at once."""
+    code = exit_after(Interrupted(signal.Signals(signum), f"during {AFTER_THE_RUN}"))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _lab_entry_point() -> bool:
+    """Whether this process runs a chapter's `train.py` as its main script (`python labs/<chapter>/
+    train.py`, and the fork server's children): a process that ends through `exit_process`."""
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    return (
+        main is not None
+        and Path(main).name == "train.py"
+        and Path(main).resolve().parent.parent == REPO_ROOT / "labs"
+    )
+
+
 def exit_process(code: int) -> NoReturn:
     """End an entry point's process with `code` once its run has ended; from here a signal exits
     128 + the signal, saying the run had ended (all saved). Left to Python's own handlers, the same
@@ -269,14 +298,8 @@ def exit_process(code: int) -> NoReturn:
     the handlers, does a signal kill the process as it would any, which a shell reports as the same
     128 + the signal."""
 
-    def after_the_run(signum, frame) -> None:
-        code = exit_after(Interrupted(signal.Signals(signum), f"during {AFTER_THE_RUN}"))
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
     if _on_main_thread():
-        _install(after_the_run)
+        _install(_after_the_run)  # a lab's are in place since its run ended (`Stops.armed`)
         hold = os.environ.get(HOLD_EXIT_ENV)
         if hold and code == 0:  # not once a signal has ended the run (code 128 + N): it came already
             time.sleep(float(hold))  # a signal ends the sleep, and the process, through the handler

@@ -71,6 +71,31 @@ def test_a_signal_in_foreign_code_is_kept_for_the_harness_check(signum, capfd):
     )
 
 
+def test_a_labs_entry_point_hands_its_signals_to_the_process_end_as_its_run_ends(monkeypatch):
+    """In a chapter's train.py run as a script, the run's recording handlers give way straight to the
+    process end's (`exit_process`'s): no instant under Python's own, where a SIGINT sent as the lab
+    printed its last line raised KeyboardInterrupt in the shutdown; and a stop recorded after the
+    run's last check is acted on there, not dropped. Anywhere else (a notebook, this process) the
+    handlers that were there come back."""
+    acted: list[int] = []
+    monkeypatch.setattr(endings, "_after_the_run", lambda signum, frame: acted.append(signum))
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        monkeypatch.setattr(endings, "_lab_entry_point", lambda: True)
+        with endings.Stops().armed():
+            os.kill(os.getpid(), signal.SIGTERM)  # recorded: the run has ended, nothing checks again
+            swallowing(0.05)
+        assert signal.getsignal(signal.SIGTERM) is endings._after_the_run
+        assert acted == [signal.SIGTERM]
+        monkeypatch.setattr(endings, "_lab_entry_point", lambda: False)
+        signal.signal(signal.SIGTERM, before)
+        with endings.Stops().armed():
+            pass
+        assert signal.getsignal(signal.SIGTERM) is before
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def test_the_same_signal_twice_stops_at_once_and_another_waits():
     with endings.catching_signals() as stops:
         stops.enter("training", until="the step in progress")
