@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -27,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from grpolab.doctor import quarters
 from grpolab.paths import REPO_ROOT
 
 
@@ -118,9 +118,10 @@ class ChapterStore:
 
 
 def quarter_means(values: Sequence[float]) -> tuple[float, float]:
-    """The first and the last quarter's means of a per-step series."""
-    q = max(len(values) // 4, 1)
-    return statistics.fmean(values[:q]), statistics.fmean(values[-q:])
+    """The first and the last quarter's means of a per-step series, cut as the doctor and the pages'
+    tables cut them (`grpolab.doctor.quarters`)."""
+    first, *_, last = quarters(list(values))
+    return first, last
 
 
 def prompts(rate: float, eval_prompts: int) -> float:

@@ -158,6 +158,12 @@ def page_picture(page: Path) -> Path | None:
     return (page.parent / found[1]).resolve() if found else None
 
 
+def prose(page: Path) -> str:
+    """A page's text with every run of whitespace one space: a figure quoted across a line break reads
+    as one phrase, and bold marks (`**`) are dropped."""
+    return " ".join(page.read_text().replace("**", "").split())
+
+
 def update_screenshots() -> bool:
     """UPDATE_SCREENSHOTS=1: the tests that read a run write its pictures into the checkout (the README's,
     each chapter page's), where they otherwise write to a temporary folder."""

@@ -18,9 +18,22 @@ from pathlib import Path
 import mlflow
 import pytest
 
+from grpolab.claims import quarter_means
 from grpolab.settings import lab_settings
 
-from suite import LAB_DIR, README_FLAGS, REPO_ROOT, WAVE_TIMEOUT_S, Lab, cpu_only, only_run, script_and_args
+from suite import (
+    LAB_DIR,
+    README,
+    README_FLAGS,
+    REPO_ROOT,
+    WAVE_TIMEOUT_S,
+    Lab,
+    chapter,
+    cpu_only,
+    only_run,
+    prose,
+    script_and_args,
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -132,6 +145,56 @@ def test_the_books_claims_hold_correctness_climbs_and_held_out_accuracy_rises(re
     print({k: round(v, 3) for k, v in figures.items()})
     assert chapter_claims.failures == [], chapter_claims.failures
     assert lab_settings(LAB_DIR, "cpu").eval_prompts == 64
+
+
+def test_the_pages_quote_this_runs_figures_digit_for_digit(readme, chapter_claims):
+    """The CPU profile computes the same bits on every x86-64 machine (docs/every-machine.md), so the
+    figures the front page, the chapter's page and docs/every-machine.md quote for the README command
+    are the ones this run computes, here or on any user's machine, to the last digit they print. Where
+    a machine computes otherwise, that claim is false there, and this is the test that says so."""
+    chapter_run, run = readme
+    f = chapter_claims.figures
+    s = lab_settings(LAB_DIR, "cpu")
+    n, steps = s.eval_prompts, s.max_steps
+    base, adapter = f["held_out_base"] / n, f["held_out_adapter"] / n
+    first, last = f["correctness_first"], f["correctness_last"]
+    format_first, format_last = quarter_means(history(chapter_run, run, "rewards/format_reward/mean"))
+    tagged = f"{f['adapter_format'] / n:.1%}"
+    quoted = {
+        "the README's row": (
+            chapter("grpo-first").measured,
+            [f"held-out accuracy {base:.1%} -> {adapter:.1%}, correctness reward {first:.3f} -> {last:.3f};"],
+        ),
+        "the README's opening": (
+            prose(README),
+            [
+                f"climbs from {first:.3f} to {last:.3f} over the {steps} steps and held-out accuracy from "
+                f"{base:.1%} to {adapter:.1%},"
+            ],
+        ),
+        "the chapter's page": (
+            prose(LAB_DIR / "README.md"),
+            [
+                f"the correctness reward's mean goes from {first:.3f} over the first quarter of the {steps} "
+                f"steps to {last:.3f} over the last, the format reward's from {format_first:.3f} to "
+                f"{format_last:.3f}",
+                f"accuracy goes from {base:.1%} for the base to {adapter:.1%} for the adapter and the format "
+                f"rate from {run.data.metrics['eval/base_format_rate']:.1%} to {tagged};",
+            ],
+        ),
+        "docs/every-machine.md": (
+            prose(REPO_ROOT / "docs" / "every-machine.md"),
+            [
+                f"correctness {first:.3f} -> {last:.3f}, {f['held_out_rise']:.0f} of {n} held-out prompts "
+                f"gained, {f['adapter_format']:.0f} in the tag",
+                f"correctness {last - first:.3f} climbed, {f['held_out_rise']:.0f} held-out prompts of {n} "
+                f"gained, {f['adapter_format']:.0f} answered in the tag",
+            ],
+        ),
+    }
+    for where, (text, phrases) in quoted.items():
+        for phrase in phrases:
+            assert phrase in text, f"{where} does not quote this run: {phrase!r}"
 
 
 def test_the_doctor_finds_nothing_on_the_readme_run_and_says_how_it_learned(readme):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from suite import cpu_only, load_lab_module
+from suite import chapter, cpu_only, load_lab_module, prose
 
 LAB_DIR = Path(__file__).resolve().parent
 README_GPU_SHEETS = "uv run python labs/grpo-headroom/train.py --budget-only --profile gpu"
@@ -80,6 +80,33 @@ def test_the_books_claim_holds_every_arm_learns(chapter_claims):
     headroom on, its held-out accuracy rises from the same base (in prompts, of 32)."""
     print({k: round(v, 3) for k, v in chapter_claims.figures.items()})
     assert chapter_claims.failures == [], chapter_claims.failures
+
+
+@pytest.mark.slow
+@cpu_only("reads the CPU profile's run; on a GPU the same command trains Qwen3-4B per arm")
+def test_the_pages_quote_this_runs_figures_digit_for_digit(arms, tmp_path):
+    """The CPU profile computes the same bits on every x86-64 machine (docs/every-machine.md), so the
+    chapter's table and the README's row quote this run wherever the suite runs: each arm's sheet peak,
+    held-out accuracy and points per GiB (computed from those two), and the arm that bought the most.
+    The measured peaks and the minutes are the machine's own; the pages say so, and they are not read."""
+    run, parent, _ = arms
+    fetched = run.client.download_artifacts(parent.info.run_id, "headroom/arms.json", str(tmp_path))
+    record = {r["arm"]: r for r in json.loads(Path(fetched).read_text())["arms"]}
+    table = {}
+    for line in (LAB_DIR / "README.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 8 and cells[0] in ARMS:
+            table[cells[0]] = cells
+    assert set(table) == set(ARMS), set(table)
+    for name, r in record.items():
+        per_gib = "-" if r["gain_per_gib"] is None else f"{r['gain_per_gib']:+.1f}"
+        held_out = f"{r['accuracy_base']:.1%} -> {r['accuracy_adapter']:.1%}"
+        assert [table[name][i] for i in (2, 4, 6)] == [f"{r['budget_gib']:.2f} GiB", held_out, per_gib], name
+    best = max((r for r in record.values() if r["gain_per_gib"] is not None), key=lambda r: r["gain_per_gib"])
+    bought = f"{best['gain_over_recipe']:+.1f} points beyond the recipe for {best['spent_gib']:.2f} GiB"
+    said = f"({best['accuracy_base']:.1%} -> {best['accuracy_adapter']:.1%}, {bought})"
+    assert said in chapter(LAB_DIR.name).measured, f"the README's row does not quote this run: {said!r}"
+    assert f"the {best['arm']} bought the most per GiB ({bought})" in prose(LAB_DIR / "README.md")
 
 
 VERDICT_BY_GIB = (

@@ -9,18 +9,23 @@ carrying the verdict, the chart and the completions.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from suite import load_lab_module
+from grpolab.claims import quarter_means
+
+from suite import chapter, load_lab_module
+
+LAB_DIR = Path(__file__).resolve().parent
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def lab():
-    return load_lab_module(Path(__file__).resolve().parent)
+    return load_lab_module(LAB_DIR)
 
 
 @pytest.fixture
@@ -91,3 +96,36 @@ def test_the_chapters_run_carries_the_verdict_the_chart_and_the_completions(cpu_
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "arms")}
     assert artifacts == {"arms/arms.json", "arms/completions.md", "arms/reward_vs_held_out.png"}
     assert "| loose |" in note  # the completions, side by side, in the description
+
+
+def test_the_pages_quote_this_runs_figures_digit_for_digit(cpu_hacking):
+    """The CPU profile computes the same bits on every x86-64 machine (docs/every-machine.md), so the
+    chapter's table and the README's row quote this run, whatever machine runs the suite: each arm's paid
+    and exact rewards (first and last quarter), its held-out accuracy, its KL and where the doctor saw
+    the hack begin. Where a machine computes otherwise, the pages' claim is false there; this says so."""
+    table = {}
+    for line in (LAB_DIR / "README.md").read_text().replace("**", "").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and cells[0].startswith("`"):
+            table[cells[0].strip("`")] = cells
+    assert set(table) == set(cpu_hacking["arms"]), set(table)
+    for name, arm in cpu_hacking["arms"].items():
+        paid = "{:.3f} -> {:.3f}".format(*quarter_means(arm["paid"]))
+        exact = (
+            "the same"
+            if arm["exact_metric"] == arm["paid_metric"]
+            else "{:.3f} -> {:.3f}".format(*quarter_means(arm["exact"]))
+        )
+        held_out = " -> ".join(f"{arm['held_out'][w]['accuracy']:.1%}" for w in ("base", "adapter"))
+        kl = f"{quarter_means(arm['kl'])[1]:.3f}" if arm["kl"] else "not measured (no reference)"
+        began = [re.search(r"from step \d+", f) for f in arm["findings"] if f.startswith("reward_hacking")]
+        doctor = f"`reward_hacking` {began[0][0]}" if began else "nothing" if not arm["findings"] else "?"
+        assert table[name][1:] == [paid, exact, held_out, kl, doctor], f"the page's {name} row: {table[name]}"
+    loose, honest = cpu_hacking["arms"]["loose"], cpu_hacking["arms"]["exact"]
+    said = (
+        "the loose checker's paid reward climbs {:.2f} -> {:.2f}".format(*quarter_means(loose["paid"]))
+        + " while held-out accuracy falls "
+        + " -> ".join(f"{loose['held_out'][w]['accuracy']:.1%}" for w in ("base", "adapter"))
+        + f", and the doctor names `reward_hacking`; the exact arm's rises to {honest['held_out']['adapter']['accuracy']:.1%}"
+    )
+    assert said in chapter(LAB_DIR.name).measured, f"the README's row does not quote this run: {said!r}"

@@ -23,7 +23,7 @@ import pytest
 from grpolab.endings import HOLD_PHASE_ENV, PHASE_PREFIX, SHOW_PHASES_ENV
 from grpolab.errors import LabSettingsError
 
-from suite import Lab, cpu_only, gpu_only, load_lab_module, run_in_process, script_and_args
+from suite import Lab, chapter, cpu_only, gpu_only, load_lab_module, prose, run_in_process, script_and_args
 
 LAB_DIR = Path(__file__).resolve().parent
 README_FROM_RUN = "uv run python labs/grpo-ship/train.py --from <run id>"
@@ -136,6 +136,47 @@ def test_the_4_bit_merge_is_measured_and_what_it_changed_explained(shipped):
     )
     assert said is None or said in first, first
     assert "of the adapter's" in ship.data.tags["mlflow.note.content"]
+
+
+@pytest.mark.slow
+@CPU_RUN
+def test_the_pages_quote_this_runs_figures_digit_for_digit(shipped):
+    """The CPU profile computes the same bits on every x86-64 machine (docs/every-machine.md), so the
+    chapter's table and the README's row quote this ship run wherever the suite runs: each stage's
+    held-out score and changed answers, and what the 4-bit merge rounded away. Where a machine computes
+    otherwise, the pages' claim is false there, and this says so."""
+    _, ship, trained = shipped
+    m, n = ship.data.metrics, 64
+    adapter = right(trained.data.metrics["eval/adapter_accuracy"])
+    table = {}
+    for line in (LAB_DIR / "README.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0] in STAGES:
+            table[cells[0]] = cells[1:4]
+    assert set(table) == set(STAGES), set(table)
+    for stage in STAGES:
+        got = right(m[f"ship/{stage}/accuracy"])
+        said = [
+            f"{got}/{n} ({got / n:.1%})",
+            f"{got - adapter:+d} prompts",
+            f"{m[f'ship/{stage}/answers_changed']:.0f}",
+        ]
+        assert table[stage] == said, stage
+    kept = [s for s in STAGES if s != "merged_4bit" and m[f"ship/{s}/answers_changed"] == 0]
+    assert len(kept) == 4, kept  # the row's "answers all 64 as trained"
+    below, away = m["ship/merged_4bit/delta_below_half_step"], m["ship/merged_4bit/delta_rounded_away"]
+    row = chapter(LAB_DIR.name).measured
+    assert (
+        f"chapter 1's adapter ({adapter} of {n} held-out prompts)" in row
+        and f"answers all {n} as trained" in row
+    )
+    four_bit = f"merged in 4 bit, {away:.0%} of its weight changes round away and {m['ship/merged_4bit/answers_changed']:.0f} answers change"
+    assert four_bit in row, f"the README's row does not quote this run: {four_bit!r}"
+    page = prose(LAB_DIR / "README.md")
+    assert (
+        f"{below:.1%} of the adapter's" in page
+        and f"are under half a 4-bit step, {away:.1%} of those weights kept" in page
+    )
 
 
 @pytest.mark.slow
