@@ -7,12 +7,14 @@ plain process and in one forked from the suite's preloaded parent, which must co
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from grpolab import claims, matrix
 
-from suite import README_MATRIX_PLAN, cpu_only, run_command
+import suite
+from suite import README, README_MATRIX_PLAN, REPO_ROOT, cpu_only, run_command
 
 
 @pytest.mark.slow
@@ -27,6 +29,19 @@ def test_the_plan_runs_the_contexts_once_then_every_seed():
             f"{chapter}/plain-seed{s}" for s in range(5)
         ], chapter
     assert len(cells) == len(set(cells)) == len(contexts) + 5 * len(matrix.CHAPTERS) - 1
+
+
+def test_the_front_page_quotes_the_matrix_table_row_for_row():
+    """README.md's table of the claims over the seeds is a selection of docs/every-machine.md's, row for
+    row, with every chapter the matrix runs in it: one measurement on two pages, so a figure changed on
+    one and not on the other fails here."""
+
+    def rows(page) -> list[str]:
+        return [line for line in page.read_text().splitlines() if re.match(r"\| \d+, seeds ", line)]
+
+    front, reference = rows(README), rows(REPO_ROOT / "docs" / "every-machine.md")
+    assert front and not set(front) - set(reference), set(front) - set(reference)
+    assert {int(row[2:].split(",")[0]) for row in front} == {suite.chapter(c).number for c in matrix.CHAPTERS}
 
 
 def test_every_chapter_the_matrix_runs_states_its_claims():
