@@ -187,7 +187,7 @@ def test_the_pages_quote_this_runs_figures_digit_for_digit(readme, chapter_claim
             [
                 f"correctness {first:.3f} -> {last:.3f}, {f['held_out_rise']:.0f} of {n} held-out prompts "
                 f"gained, {f['adapter_format']:.0f} in the tag",
-                f"correctness {last - first:.3f} climbed, {f['held_out_rise']:.0f} held-out prompts of {n} "
+                f"correctness {f['correctness_climb']:.3f} climbed, {f['held_out_rise']:.0f} held-out prompts of {n} "
                 f"gained, {f['adapter_format']:.0f} answered in the tag",
             ],
         ),
