@@ -164,6 +164,17 @@ def prose(page: Path) -> str:
     return " ".join(page.read_text().replace("**", "").split())
 
 
+def table_rows(page: Path, columns: int) -> list[list[str]]:
+    """The rows of a page's Markdown tables that have `columns` cells, each cell stripped and its bold
+    marks dropped (header and separator rows included: a caller picks its rows by their first cell)."""
+    rows = []
+    for line in page.read_text().replace("**", "").splitlines():
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            rows += [cells] if len(cells) == columns else []
+    return rows
+
+
 def update_screenshots() -> bool:
     """UPDATE_SCREENSHOTS=1: the tests that read a run write its pictures into the checkout (the README's,
     each chapter page's), where they otherwise write to a temporary folder."""

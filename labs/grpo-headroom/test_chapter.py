@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from suite import chapter, cpu_only, load_lab_module, prose
+from suite import chapter, cpu_only, load_lab_module, prose, table_rows
 
 LAB_DIR = Path(__file__).resolve().parent
 README_GPU_SHEETS = "uv run python labs/grpo-headroom/train.py --budget-only --profile gpu"
@@ -92,11 +92,7 @@ def test_the_pages_quote_this_runs_figures_digit_for_digit(arms, tmp_path):
     run, parent, _ = arms
     fetched = run.client.download_artifacts(parent.info.run_id, "headroom/arms.json", str(tmp_path))
     record = {r["arm"]: r for r in json.loads(Path(fetched).read_text())["arms"]}
-    table = {}
-    for line in (LAB_DIR / "README.md").read_text().splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 8 and cells[0] in ARMS:
-            table[cells[0]] = cells
+    table = {row[0]: row for row in table_rows(LAB_DIR / "README.md", 8) if row[0] in ARMS}
     assert set(table) == set(ARMS), set(table)
     for name, r in record.items():
         per_gib = "-" if r["gain_per_gib"] is None else f"{r['gain_per_gib']:+.1f}"

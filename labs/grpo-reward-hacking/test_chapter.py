@@ -16,7 +16,7 @@ import pytest
 
 from grpolab.claims import quarter_means
 
-from suite import chapter, load_lab_module
+from suite import chapter, load_lab_module, table_rows
 
 LAB_DIR = Path(__file__).resolve().parent
 
@@ -103,11 +103,7 @@ def test_the_pages_quote_this_runs_figures_digit_for_digit(cpu_hacking):
     chapter's table and the README's row quote this run, whatever machine runs the suite: each arm's paid
     and exact rewards (first and last quarter), its held-out accuracy, its KL and where the doctor saw
     the hack begin. Where a machine computes otherwise, the pages' claim is false there; this says so."""
-    table = {}
-    for line in (LAB_DIR / "README.md").read_text().replace("**", "").splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 6 and cells[0].startswith("`"):
-            table[cells[0].strip("`")] = cells
+    table = {row[0].strip("`"): row for row in table_rows(LAB_DIR / "README.md", 6) if row[0].startswith("`")}
     assert set(table) == set(cpu_hacking["arms"]), set(table)
     for name, arm in cpu_hacking["arms"].items():
         paid = "{:.3f} -> {:.3f}".format(*quarter_means(arm["paid"]))

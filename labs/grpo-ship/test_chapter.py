@@ -23,7 +23,17 @@ import pytest
 from grpolab.endings import HOLD_PHASE_ENV, PHASE_PREFIX, SHOW_PHASES_ENV
 from grpolab.errors import LabSettingsError
 
-from suite import Lab, chapter, cpu_only, gpu_only, load_lab_module, prose, run_in_process, script_and_args
+from suite import (
+    Lab,
+    chapter,
+    cpu_only,
+    gpu_only,
+    load_lab_module,
+    prose,
+    run_in_process,
+    script_and_args,
+    table_rows,
+)
 
 LAB_DIR = Path(__file__).resolve().parent
 README_FROM_RUN = "uv run python labs/grpo-ship/train.py --from <run id>"
@@ -148,11 +158,7 @@ def test_the_pages_quote_this_runs_figures_digit_for_digit(shipped):
     _, ship, trained = shipped
     m, n = ship.data.metrics, 64
     adapter = right(trained.data.metrics["eval/adapter_accuracy"])
-    table = {}
-    for line in (LAB_DIR / "README.md").read_text().splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 5 and cells[0] in STAGES:
-            table[cells[0]] = cells[1:4]
+    table = {row[0]: row[1:4] for row in table_rows(LAB_DIR / "README.md", 5) if row[0] in STAGES}
     assert set(table) == set(STAGES), set(table)
     for stage in STAGES:
         got = right(m[f"ship/{stage}/accuracy"])
