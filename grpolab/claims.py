@@ -27,7 +27,7 @@ from types import ModuleType
 from typing import Any
 
 from grpolab.doctor import quarters
-from grpolab.paths import REPO_ROOT
+from grpolab.paths import LABS
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def check(claims: Sequence[Claim], figures: Mapping[str, float]) -> list[str]:
 
 def load(chapter: str) -> ModuleType | None:
     """labs/<chapter>/claims.py as a module, or None for a chapter that claims nothing of its CPU run."""
-    path = REPO_ROOT / "labs" / chapter / "claims.py"
+    path = LABS / chapter / "claims.py"
     if not path.exists():
         return None
     spec = importlib.util.spec_from_file_location(f"{chapter.replace('-', '_')}_claims", path)

@@ -46,7 +46,7 @@ from typing import Any, NoReturn
 
 from budgets.units import GIB, MIB
 from grpolab.errors import EXIT_BAD_INPUT
-from grpolab.paths import REPO_ROOT
+from grpolab.paths import LABS
 
 # Exit codes: bad input (grpolab.errors), out of memory, a full disk; a signal exits 128 + its number
 # (130 for Ctrl-C).
@@ -282,11 +282,7 @@ def _lab_entry_point() -> bool:
     """Whether this process runs a chapter's `train.py` as its main script (`python labs/<chapter>/
     train.py`, and the fork server's children): a process that ends through `exit_process`."""
     main = getattr(sys.modules.get("__main__"), "__file__", None)
-    return (
-        main is not None
-        and Path(main).name == "train.py"
-        and Path(main).resolve().parent.parent == REPO_ROOT / "labs"
-    )
+    return main is not None and Path(main).name == "train.py" and Path(main).resolve().parent.parent == LABS
 
 
 def exit_process(code: int) -> NoReturn:

@@ -35,7 +35,7 @@ from datetime import date
 from pathlib import Path
 
 from grpolab import claims
-from grpolab.paths import CACHE_ENV, OUTPUTS, REPO_ROOT
+from grpolab.paths import CACHE_ENV, LABS, OUTPUTS, REPO_ROOT
 
 # The machines one machine can stand in for: each an environment, and how the lab's process starts.
 CONTEXTS: dict[str, dict[str, str]] = {
@@ -104,7 +104,7 @@ def run_cell(cell: Cell, out: Path, server=None, lab_args: list[str] | None = No
     shutil.rmtree(folder, ignore_errors=True)  # a cell run before: its store would hold two runs
     folder.mkdir(parents=True)
     module = claims.load(cell.chapter)
-    script = REPO_ROOT / "labs" / cell.chapter / "train.py"
+    script = LABS / cell.chapter / "train.py"
     argv = [
         *getattr(module, "MATRIX_ARGS", []),
         *(lab_args or []),

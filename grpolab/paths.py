@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+LABS = REPO_ROOT / "labs"  # the chapters, a folder each
 CACHE_ENV = "GRPOLAB_CACHE"  # another folder for the stand-ins (the matrix builds one per context)
 
 
