@@ -2,7 +2,7 @@
 
 The suite pays for each import once and runs each chapter once:
 
-- **One preloaded parent.** Lab processes are forked from one fork server (grpolab.forkserver) that
+- **One preloaded parent.** Lab processes are forked from one fork server (grpolab.lab.forkserver) that
   imported torch, TRL, MLflow and Unsloth once; each is still a real process (its pid, signals, exit
   status and resident set). Runs that need no process of their own run in this process
   (`suite.run_in_process`), after the `stack` fixture imported the same stack here.
@@ -34,8 +34,8 @@ from typing import Any
 
 import pytest
 
-from grpolab import numerics
-from grpolab.endings import HOLD_EXIT_ENV, HOLD_PHASE_ENV, PHASE_PREFIX, SHOW_PHASES_ENV
+from grpolab.config import numerics
+from grpolab.lifecycle.endings import HOLD_EXIT_ENV, HOLD_PHASE_ENV, PHASE_PREFIX, SHOW_PHASES_ENV
 
 from suite import (
     CULPRIT_STEPS,
@@ -145,7 +145,7 @@ def run_chapter(background: Background, name: str) -> ChapterRun:
     another of the README's commands for it (`pytest.mark.chapter_command`)."""
     import mlflow
 
-    from grpolab.paths import OUTPUTS
+    from grpolab.config.paths import OUTPUTS
 
     chapter = next(c for c in chapters() if c.name == name)
     store = background.folder(f"chapter-{name}")
@@ -507,7 +507,7 @@ class ChapterClaims:
 
 @pytest.fixture
 def chapter_claims(chapter_run: ChapterRun) -> ChapterClaims:
-    from grpolab import claims
+    from grpolab.judging import claims
 
     assert chapter_run.code == 0, chapter_run.log()
     module = claims.load(chapter_run.chapter.name)
@@ -553,7 +553,7 @@ def stopped(wave: dict, stack: None) -> dict:
     tests/test_run_resume.py the resumes."""
     import mlflow
 
-    from grpolab import tracking
+    from grpolab.lifecycle import tracking
 
     from suite import Ended, only_run, run_command
 
@@ -679,7 +679,7 @@ def stack() -> None:
     labs that run here (`suite.run_in_process`)."""
     import warnings
 
-    from grpolab import forkserver
+    from grpolab.lab import forkserver
 
     with warnings.catch_warnings():
         # The suite's collection imported transformers, TRL and PEFT before Unsloth: Unsloth says so.
@@ -700,7 +700,7 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     open are ended. (A test module with a `store` fixture of its own uses that one.)"""
     import mlflow
 
-    from grpolab import tracking
+    from grpolab.lifecycle import tracking
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     tracking.use_store()

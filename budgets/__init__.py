@@ -5,7 +5,7 @@
     print(sheet.table())
     sheet.require_fits()          # BudgetError naming the line that does not fit and what to change
 
-A lab's plan comes from its settings: `grpolab.settings.lab_settings("labs/grpo-first", "gpu").plan()`.
+A lab's plan comes from its settings: `grpolab.config.settings.lab_settings("labs/grpo-first", "gpu").plan()`.
 
 Modules, one job each: units (bytes, phases), formula (numbers that print themselves), shapes
 (model configs), cards (the card catalog), plan (the inputs and their checks), arithmetic (byte

@@ -1,45 +1,45 @@
-"""The machinery the labs share, one module per job.
+"""The harness the labs share, in groups by concern, each importing only the groups below it.
 
-The run, in order: flags (the flags every chapter has), settings (the book's recipe.toml, then a
-chapter's lab.toml, then the command line; one validator), layouts (how a chapter's generation and
-training share the cards), prepare (device, card, sheet and prompts before anything loads), cuda_env
-(the standby switch and Unsloth's allocator, before CUDA starts), session (`run_lab`: the MLflow run
-around the lesson), run (the lesson's `Run`). Beside it: device (which GPU, read through NVML),
-policy (loading through Unsloth), unsloth_trainer (Unsloth's generated GRPO trainer on both
-profiles), precision (bf16 / fp16 / fp32 as the model loaded), numerics (the CPU profile's arithmetic,
-the same on every machine), tiny_model (the CPU stand-in and its shipped weights, `standins/`),
-rehearsal (the model's shape with random weights), probe (the memory sampler and phases), tensors
-(measuring the exact lines), vllm_ledger (vLLM's own start-up figures), meter (what a run measures
-while it trains), comparison (budget vs measured, table, chart), oom (recognising and logging
-out-of-memory), endings (how a run ended: decided here, written by tracking), store (the MLflow store
-checked first), tracking (MLflow), evaluate (held-out accuracy), doctor (what held learning back),
-run_result (a run's result file, for the process that started it), sweep (a grid of runs,
-chapter 2: a package, one module per job), arms (one chapter trained several ways in one process,
-each a nested run, chapter 4), chapters (another chapter's train.py as a module), claims (what a
-chapter claims of its CPU run, read back), matrix (the claims on every seed and emulated machine), atomic
-(saving whole or not at all), paths and errors (one home each).
+From the bottom up (`GROUPS`; each group's own docstring says its job, its modules and what it may
+import, and tests/test_layering.py holds the code to it):
+
+- `config`: what a run is asked to do (the recipe, lab.toml, the flags) and how its process computes.
+- `memory`: the card, what a run holds on it, and the budget's lines beside what was measured.
+- `lifecycle`: a run's life in MLflow: where it is recorded, how it ends, how it resumes.
+- `tiny_model`: the CPU stand-in, a tiny Qwen3 built offline, and its shipped weights.
+- `model`: the policy and what it trains with: Unsloth's loader and trainer, precision, CUDA set-up.
+- `judging`: did it learn: held-out accuracy, the run doctor, the completions, the Overview, the claims.
+- `lab`: one lab run end to end (`run_lab`, `Run`), and the fork server that starts lab processes.
+- `chapters`: the machinery of the chapters that are more than one run (arms, sweep, headroom, ship).
+- `matrix`: every chapter's claims on every seed and every machine this one can stand in for.
+
+Beside them: `recipe.toml` (the book's recipe) and `__main__` (`python -m grpolab runs`).
 
 `import grpolab` stays light: `Run`, `run_lab` and `exit_process` are imported on first use.
+
+May import: task, budgets, grpolab.lifecycle, grpolab.lab.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Run", "exit_process", "run_lab"]
+__all__ = ["GROUPS", "Run", "exit_process", "run_lab"]
+
+GROUPS = ("config", "memory", "lifecycle", "tiny_model", "model", "judging", "lab", "chapters", "matrix")
 
 
 def __getattr__(name: str) -> Any:
     if name == "Run":
-        from grpolab.run import Run
+        from grpolab.lab.run import Run
 
         return Run
     if name == "exit_process":
-        from grpolab.endings import exit_process
+        from grpolab.lifecycle.endings import exit_process
 
         return exit_process
     if name == "run_lab":
-        from grpolab.session import run_lab
+        from grpolab.lab.session import run_lab
 
         return run_lab
     raise AttributeError(f"module 'grpolab' has no attribute {name!r}")

@@ -9,6 +9,8 @@ The store is `MLFLOW_TRACKING_URI`, else the repository's mlflow.db (the labs' s
 ended only when it names a process of this host (tags process.host, process.pid,
 process.start_time) that no longer exists; runs of live processes, of other hosts and runs without
 those tags are listed, never touched. Each lab does the same reconciliation when it starts.
+
+May import: task, budgets, grpolab.config, grpolab.lifecycle.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from grpolab import endings, store, tracking
-from grpolab.errors import EXIT_BAD_INPUT, refuse
+from grpolab.config.errors import EXIT_BAD_INPUT, refuse
+from grpolab.lifecycle import endings, store, tracking
 
 STATES = {
     "alive": "its process is alive",
@@ -77,7 +79,7 @@ def runs(reconcile: bool) -> int:
 def interrupted(client) -> None:
     """The runs that ended KILLED or FAILED and left a whole checkpoint here, newest first, each with
     the command that resumes it."""
-    from grpolab.checkpoints import resume_hint
+    from grpolab.lifecycle.checkpoints import resume_hint
 
     experiments = {e.experiment_id: e.name for e in client.search_experiments()}
     if not experiments:

@@ -11,10 +11,15 @@ count (`OMP_NUM_THREADS`, and torch started with that many threads), its SIMD wi
 way). Each cell is a process of its own, with an MLflow store and an outputs folder of its own; a
 context also makes its stand-ins in a cache of its own, so their bytes are compared too.
 
-The lab pins its arithmetic (grpolab.numerics), so every context should compute the same: the matrix
+The lab pins its arithmetic (grpolab.config.numerics), so every context should compute the same: the matrix
 shows it once, a fingerprint per cell (the stand-ins' sha256, the saved adapters' bytes), and then
 runs the seeds in one context. It prints, and writes to `<out>/matrix.md` and `matrix.json`, every
 claim's min / median / max over the seeds (`labs/<chapter>/claims.py`) and each cell where one fails.
+
+The top of the harness: it runs the chapters as processes, and nothing imports it.
+
+May import: task, budgets, grpolab.config, grpolab.memory, grpolab.lifecycle, grpolab.tiny_model,
+grpolab.model, grpolab.judging, grpolab.lab.
 """
 
 from __future__ import annotations
@@ -34,8 +39,8 @@ from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
-from grpolab import claims
-from grpolab.paths import CACHE_ENV, LABS, OUTPUTS, REPO_ROOT
+from grpolab.config.paths import CACHE_ENV, LABS, OUTPUTS, REPO_ROOT
+from grpolab.judging import claims
 
 # The machines one machine can stand in for: each an environment, and how the lab's process starts.
 CONTEXTS: dict[str, dict[str, str]] = {
@@ -287,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     server = None
     if any(c.context == "forked" for c in cells):
-        from grpolab.forkserver import ForkServer
+        from grpolab.lab.forkserver import ForkServer
 
         server = ForkServer.connect() or ForkServer.start()  # the suite's, when it runs the matrix
     try:

@@ -36,11 +36,11 @@ spec = importlib.util.spec_from_file_location("grpo_first", LAB_DIR / "train.py"
 lab = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(lab)
 
-from grpolab.device import detect
+from grpolab.memory.device import detect
 
 profile = "gpu" if detect().on_gpu else "cpu"
 if profile == "cpu":  # before torch computes anything: the CPU's arithmetic as the lab pins it
-    from grpolab import numerics
+    from grpolab.config import numerics
 
     numerics.pin()
 if profile == "cpu":
@@ -59,7 +59,7 @@ else:
 # trains a short one: fewer steps than the script's default.
 
 # %%
-from grpolab.settings import check, lab_settings
+from grpolab.config.settings import check, lab_settings
 
 STEPS = 30 if profile == "cpu" else 20
 settings = lab_settings(LAB_DIR, profile, {"max_steps": STEPS})
@@ -220,8 +220,8 @@ pd.DataFrame(
 
 # %%
 if profile == "cpu":
-    from grpolab import policy
-    from grpolab.tensors import model_bytes_by_kind
+    from grpolab.memory.tensors import model_bytes_by_kind
+    from grpolab.model import policy
 
     model, tokenizer = policy.load_policy(settings)
     layer = model.base_model.model.model.layers[0].self_attn.q_proj
@@ -248,7 +248,7 @@ else:
 # %%
 import mlflow
 
-from grpolab import tracking
+from grpolab.lifecycle import tracking
 
 tracking.use_store()
 
@@ -323,7 +323,7 @@ print(
 print(next(p for p in run.data.tags["mlflow.note.content"].split("\n\n") if p.startswith("Run doctor:")))
 
 # %%
-from grpolab.memory_names import memory_key
+from grpolab.memory.names import memory_key
 
 metrics = run.data.metrics
 # Memory figures carry their unit in their names: GiB on a GPU, MiB on the CPU stand-in (tag memory_unit).

@@ -45,7 +45,7 @@ import torch
 
 profile = "gpu" if torch.cuda.is_available() else "cpu"
 if profile == "cpu":  # before torch computes anything: the CPU's arithmetic as the lab pins it
-    from grpolab import numerics
+    from grpolab.config import numerics
 
     numerics.pin()
 if profile == "cpu":
@@ -236,7 +236,7 @@ pd.DataFrame(rows).style.format(precision=2)
 # %%
 import matplotlib.pyplot as plt
 
-from grpolab import sweep
+from grpolab.chapters import sweep
 
 gpu_grid = lab.GRIDS["gpu"]
 lengths = [128, *gpu_grid.max_completion_length, 896]
@@ -347,7 +347,7 @@ pd.DataFrame(rows).style.format(precision=2)
 # %%
 import mlflow
 
-from grpolab import tracking
+from grpolab.lifecycle import tracking
 
 tracking.use_store()
 
@@ -402,7 +402,7 @@ children = mlflow.search_runs(
 ran = [r for r in children if r.info.status == "FINISHED"]
 print(f"{len(children)} child runs under the sweep: " + ", ".join(r.info.run_name for r in children))
 from budgets.units import MIB
-from grpolab.memory_names import MEMORY_UNITS, memory_key
+from grpolab.memory.names import MEMORY_UNITS, memory_key
 
 
 def in_mib(run, line: str, figure: str) -> float:

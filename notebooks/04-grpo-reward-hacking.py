@@ -44,7 +44,7 @@ import torch
 
 profile = "gpu" if torch.cuda.is_available() else "cpu"
 if profile == "cpu":  # before torch computes anything: the CPU's arithmetic as the lab pins it
-    from grpolab import numerics
+    from grpolab.config import numerics
 
     numerics.pin()
 if profile == "cpu":
@@ -97,7 +97,7 @@ import json
 
 import mlflow
 
-from grpolab import tracking
+from grpolab.lifecycle import tracking
 
 tracking.use_store()
 

@@ -43,7 +43,7 @@ import torch
 
 profile = "gpu" if torch.cuda.is_available() else "cpu"
 if profile == "cpu":  # before torch computes anything: the CPU's arithmetic as the lab pins it
-    from grpolab import numerics
+    from grpolab.config import numerics
 
     numerics.pin()
 if profile == "cpu":
@@ -65,9 +65,9 @@ else:
 import matplotlib.pyplot as plt
 
 from budgets.units import GIB
-from grpolab import headroom
-from grpolab.settings import lab_settings
-from grpolab.sweep.host import Host
+from grpolab.chapters import headroom
+from grpolab.chapters.sweep.host import Host
+from grpolab.config.settings import lab_settings
 
 card = lab_settings(LAB_DIR, "gpu").gpu
 gpu_host = Host("gpu", None, 0.0, f"{card} (lab.toml's card)")
@@ -97,7 +97,7 @@ import json
 import mlflow
 import pandas as pd
 
-from grpolab import tracking
+from grpolab.lifecycle import tracking
 
 tracking.use_store()
 

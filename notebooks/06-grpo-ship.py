@@ -41,7 +41,7 @@ import torch
 
 profile = "gpu" if torch.cuda.is_available() else "cpu"
 if profile == "cpu":  # before torch computes anything: the CPU's arithmetic as the lab pins it
-    from grpolab import numerics
+    from grpolab.config import numerics
 
     numerics.pin()
     print("No CUDA GPU found: this notebook reads the CPU profile's ship run (the tiny stand-in's adapter).")
@@ -92,7 +92,7 @@ import mlflow
 import pandas as pd
 from IPython.display import Image, display
 
-from grpolab import tracking
+from grpolab.lifecycle import tracking
 
 tracking.use_store()
 client = mlflow.MlflowClient()
@@ -185,8 +185,8 @@ display(Image(filename=client.download_artifacts(ship.info.run_id, "ship/accurac
 # a held-out question, greedy; the task's own checker scores the answer.
 
 # %%
-from grpolab.evaluate import eval_rows
-from grpolab.resume import logged_settings
+from grpolab.judging.evaluate import eval_rows
+from grpolab.lifecycle.resume import logged_settings
 from task import get_task
 
 registered = ship.data.tags["ship.registered_model"]

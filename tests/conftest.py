@@ -15,7 +15,7 @@ def gpu_machine(monkeypatch):
     not initialised, and every call that would initialise it is recorded in `calls`."""
     import torch
 
-    import grpolab.device
+    import grpolab.memory.device
 
     calls: list[str] = []
     cards = [
@@ -23,7 +23,7 @@ def gpu_machine(monkeypatch):
         {**CARDS[1], "capability": (12, 0), "procs": [SimpleNamespace(pid=1, usedGpuMemory=2 << 30)]},
     ]
     nvml = FakeNVML(cards, calls=calls)
-    monkeypatch.setattr(grpolab.device, "_nvml", lambda: nvml)
+    monkeypatch.setattr(grpolab.memory.device, "_nvml", lambda: nvml)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     for name in CUDA_INITIALISING:

@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
-from grpolab.console import STEP_PREFIX
-from grpolab.endings import PHASE_PREFIX
-from grpolab.paths import REPO_ROOT
+from grpolab.config.paths import REPO_ROOT
+from grpolab.lab.console import STEP_PREFIX
+from grpolab.lifecycle.endings import PHASE_PREFIX
 
 README = REPO_ROOT / "README.md"
 LABS = REPO_ROOT / "labs"
@@ -232,10 +232,10 @@ _server_lock = threading.Lock()
 
 
 def fork_server():
-    """The suite's fork server (grpolab.forkserver), started on first use; None on a GPU machine,
+    """The suite's fork server (grpolab.lab.forkserver), started on first use; None on a GPU machine,
     where lab processes start fresh."""
     global _server
-    from grpolab import forkserver
+    from grpolab.lab import forkserver
 
     with _server_lock:
         if _server is None and forkserver.available():
@@ -400,7 +400,7 @@ SIGNALLED = {"SIGTERM": signal.SIGTERM, "SIGHUP": signal.SIGHUP, "SIGKILL": sign
 
 def signal_after_steps(signum: int, steps: int = STEPS_BEFORE_SIGNAL):
     """An `on_line` that sends `signum` once the lab has printed `steps` step lines."""
-    from grpolab.console import STEP_PREFIX
+    from grpolab.lab.console import STEP_PREFIX
 
     seen = {"steps": 0}
 
@@ -446,7 +446,7 @@ def run_in_process(lab_module, argv: Sequence[str], uri: str | None = None, thre
     import mlflow
     import torch
 
-    from grpolab import tracking
+    from grpolab.lifecycle import tracking
 
     saved_uri, saved_threads = os.environ.get("MLFLOW_TRACKING_URI"), torch.get_num_threads()
     if uri is not None:
@@ -517,9 +517,9 @@ def _parses(path: Path) -> bool:
 
 # --- figures built by hand ---------------------------------------------------------------------------
 def sample_comparison(**overrides):
-    """A budget-vs-measured comparison built by hand (grpolab.comparison), in MiB, for its report."""
+    """A budget-vs-measured comparison built by hand (grpolab.memory.comparison), in MiB, for its report."""
     from budgets.units import MIB
-    from grpolab.comparison import Comparison
+    from grpolab.memory.comparison import Comparison
 
     c = Comparison(
         budget={

@@ -11,8 +11,8 @@ import pytest
 from budgets import Plan, advice, compute
 from budgets.cli import parser as budget_parser
 from budgets.plan import PLAN_FIELDS
-from grpolab.session import parser as lab_parser
-from grpolab.settings import FLAGS, lab_settings
+from grpolab.config.settings import FLAGS, lab_settings
+from grpolab.lab.session import parser as lab_parser
 
 from suite import LAB_DIR
 

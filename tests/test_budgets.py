@@ -30,7 +30,7 @@ from budgets.plan import PLAN_FIELDS
 from budgets.units import GIB
 from budgets.vllm_rules import unsloth_standby_util
 from budgets.vocabulary import flag, flag_text
-from grpolab.settings import add_flags, lab_settings, overrides_from
+from grpolab.config.settings import add_flags, lab_settings, overrides_from
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = ROOT / "labs" / "grpo-first"
@@ -205,7 +205,7 @@ def test_under_trls_trainer_the_cpu_adapter_is_bf16_with_an_fp32_ref_copy():
 
 
 def test_under_unsloths_trainer_the_cpu_adapter_stays_fp32_and_no_reference_is_held():
-    """The lab trains through Unsloth's generated trainer on both profiles (grpolab.unsloth_trainer)."""
+    """The lab trains through Unsloth's generated trainer on both profiles (grpolab.model.unsloth_trainer)."""
     sheet = compute(lab_plan("cpu"))
     n = sheet.metrics["trainable_params"]
     assert sheet.inputs["grpo_trainer"] == "unsloth" and sheet.inputs["trainable_dtype_bytes"] == 4
@@ -425,7 +425,7 @@ def test_the_labs_budget_takes_its_own_flags_and_the_lab_settings_names(lab_modu
     """One vocabulary: what `train.py --budget-only --num-generations 4` prints is the plan the lab would run,
     and the budget CLI's flags under the same names print the same sheet."""
     flags = ["--num-generations", "4", "--max-completion-length", "512"]
-    # The plan the lab would run: the same flags through the lab's own parser (grpolab.settings).
+    # The plan the lab would run: the same flags through the lab's own parser (grpolab.config.settings).
     lab_cli = argparse.ArgumentParser()
     add_flags(lab_cli)
     runs = lab_settings(LAB, "gpu", overrides_from(lab_cli.parse_args(flags))).plan()

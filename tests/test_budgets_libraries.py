@@ -28,7 +28,7 @@ from budgets.arithmetic import (
 )
 from budgets.shapes import LINEARS
 from budgets.vllm_rules import unsloth_approximate, unsloth_weight_bytes
-from grpolab.settings import lab_settings
+from grpolab.config.settings import lab_settings
 
 from suite import LAB_DIR, gpu_only
 
@@ -185,7 +185,7 @@ def test_reference_adapter_equals_the_cpu_profile_line():
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from grpolab.settings import lab_settings
+    from grpolab.config.settings import lab_settings
 
     settings = lab_settings(ROOT / "labs" / "grpo-first", "cpu")
     sheet = compute(settings.plan().with_(grpo_trainer="trl"))  # the line TRL's own trainer holds
@@ -301,7 +301,7 @@ def test_unsloth_estimator_port_equals_unsloth_zoo(name, util, nf4):
 def test_sheet_kv_line_against_unsloths_estimate():
     """Not equal by design: Unsloth counts NF4 at 5 bits, keeps 5 % back and uses its own activation
     allowance. The sheet's KV line should land within 25 % of it for the first lab's plan."""
-    from grpolab.settings import lab_settings
+    from grpolab.config.settings import lab_settings
 
     sheet = compute(lab_settings(ROOT / "labs" / "grpo-first", "gpu").plan())
     info = sheet.metrics["vllm"]
@@ -422,7 +422,7 @@ def test_the_sheets_standby_follows_unsloth_zoos_source():
 
     from budgets import compute
     from budgets.vllm_rules import unsloth_standby_util
-    from grpolab.settings import lab_settings
+    from grpolab.config.settings import lab_settings
 
     def function(module: str, name: str) -> str:
         """A function's source from the installed file, without importing it (no GPU here)."""

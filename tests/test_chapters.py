@@ -21,7 +21,7 @@ import pytest
 
 from budgets import compute
 from budgets.vocabulary import flag
-from grpolab.settings import FLAGS, PROFILES, check, lab_settings
+from grpolab.config.settings import FLAGS, PROFILES, check, lab_settings
 
 from suite import REPO_ROOT, chapters, load_lab_module, page_picture
 

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from budgets.units import GIB, MIB
-from grpolab.device import Device
-from grpolab.meter import Meter
-from grpolab.probe import MemoryProbe
+from grpolab.lab.meter import Meter
+from grpolab.memory.device import Device
+from grpolab.memory.probe import MemoryProbe
 
 from suite import sample_comparison as comparison
 
@@ -37,8 +37,8 @@ def test_each_sentence_and_table_holds_one_unit_the_runs():
     """The verdict and the tables write every figure in the run's memory unit (tag `memory_unit`): on the
     CPU a 1.55 GiB budget beside a 1009 MiB peak reads 1587.20 MiB vs 1009.12 MiB, and a KiB-sized
     line keeps three significant digits instead of reading 0.00; on a GPU every figure is in GiB."""
-    from grpolab import comparison as module
-    from grpolab import overview
+    from grpolab.judging import overview
+    from grpolab.memory import comparison as module
 
     cpu = comparison(
         unit="mib",
@@ -95,9 +95,9 @@ def test_the_steps_two_phases_are_paired_with_the_sheets_without_other_processes
     """Standby moves memory between generation and training: each is logged budget beside measured,
     the largest step's, and the budget leaves out what other processes hold (not this process's peak)."""
     from budgets import compute
-    from grpolab.comparison import phase_pairs
-    from grpolab.probe import PhasePeak
-    from grpolab.settings import lab_settings
+    from grpolab.config.settings import lab_settings
+    from grpolab.memory.comparison import phase_pairs
+    from grpolab.memory.probe import PhasePeak
 
     plan = lab_settings("labs/grpo-first", "gpu").plan().with_(other_processes_gib=1.0)
     off, on = compute(plan), compute(plan.with_(unsloth_vllm_standby=True))

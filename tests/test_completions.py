@@ -15,8 +15,11 @@ import mlflow
 import pytest
 
 from budgets.units import MIB
-from grpolab import completions, console, memory_names, overview, tracking
-from grpolab.evaluate import EvalResult, eval_rows
+from grpolab.judging import completions, overview
+from grpolab.judging.evaluate import EvalResult, eval_rows
+from grpolab.lab import console
+from grpolab.lifecycle import tracking
+from grpolab.memory import names as memory_names
 
 from suite import sample_comparison as comparison
 

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpolab import cuda_env
-from grpolab.settings import LabSettingsError, lab_settings
+from grpolab.config.settings import LabSettingsError, lab_settings
+from grpolab.model import cuda_env
 
 from fake_gpu import CUDA_INITIALISING
 from suite import LAB_DIR
@@ -85,7 +85,7 @@ def test_the_lab_imports_unsloth_before_anything_touches_cuda(
 ):
     """run_lab's own order on a GPU machine (stand-ins): NVML reads the card, the standby variable is
     set, Unsloth is imported, and only then may CUDA initialise (the prompts' tokenizer, the policy)."""
-    from grpolab import session
+    from grpolab.lab import session
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setattr(cuda_env, "_import_unsloth", lambda: gpu_machine.calls.append("import unsloth"))
@@ -117,7 +117,7 @@ def test_the_loader_gets_the_standby_keyword_it_checks_against_the_variable(monk
     its import; the policy passes the keyword exactly when the setting asks for standby."""
     from unsloth.models.llama import FastLlamaModel
 
-    from grpolab import policy
+    from grpolab.model import policy
 
     # The keyword is the real (GPU) loader's; FastLanguageModel passes it on through **kwargs (checked
     # from its source by tests/test_lab_gpu_path.py: on a CPU Unsloth swaps in its CPU loader).

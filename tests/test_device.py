@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from budgets.cards import card_for_device
-from grpolab import device as dev
+from grpolab.memory import device as dev
 
 from fake_gpu import CARDS, FakeNVML
 
@@ -167,7 +167,7 @@ def test_the_users_other_processes_gib_is_never_silently_replaced(measured_gib, 
 def test_the_lab_keeps_a_given_other_processes_gib_above_the_measured_one(gpu_machine, monkeypatch, capsys):
     """The harness's `prepare` on a GPU: the sheet's other_processes line is the larger of NVML's 2 GiB
     and the flag, and the line printed says which."""
-    from grpolab.session import parser, prepare
+    from grpolab.lab.session import parser, prepare
 
     from suite import LAB_DIR
 

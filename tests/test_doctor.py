@@ -9,10 +9,10 @@ import pytest
 
 import task
 import task.rewards
-from grpolab.doctor import diagnose, trends, verdict
-from grpolab.evaluate import EvalResult
-from grpolab.session import parser
-from grpolab.settings import FLAGS, lab_settings
+from grpolab.config.settings import FLAGS, lab_settings
+from grpolab.judging.doctor import diagnose, trends, verdict
+from grpolab.judging.evaluate import EvalResult
+from grpolab.lab.session import parser
 from task.rewards import RewardRole, UndeclaredRewardError, completion_text, declare_reward
 
 from suite import CULPRIT_STEPS, LAB_DIR, cpu_only, run_in_process
@@ -209,7 +209,7 @@ def test_a_short_run_is_not_diagnosed():
 
 
 def test_a_run_too_short_to_read_says_so():
-    from grpolab.doctor import step_rows
+    from grpolab.judging.doctor import step_rows
 
     rows = history()[:3]
     assert verdict(diagnose(rows, VALUES, set(FLAGS)), steps=len(step_rows(rows))).startswith(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpolab.evaluate import _generate_hf, eval_rows, load_adapter, score
-from grpolab.settings import lab_settings
+from grpolab.config.settings import lab_settings
+from grpolab.judging.evaluate import _generate_hf, eval_rows, load_adapter, score
 
 from suite import LAB_DIR
 

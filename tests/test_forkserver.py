@@ -1,4 +1,4 @@
-"""The fork server (grpolab.forkserver): a child is a process as `python script ARGS` would start it.
+"""The fork server (grpolab.lab.forkserver): a child is a process as `python script ARGS` would start it.
 
 Each test forks small scripts from the suite's server (the one every lab process of the suite comes
 from): exit codes and signals as a shell reports them, the environment, folder and pipes asked for,
@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from grpolab import forkserver
+from grpolab.lab import forkserver
 
 from suite import HAS_CUDA, fork_server
 
@@ -174,7 +174,7 @@ def test_no_server_where_torch_sees_a_gpu(monkeypatch):
 
 def test_without_a_server_a_sweep_forks_nothing():
     """No GPU, no server given, one cell: no server of its own either (it would cost what it saves)."""
-    from grpolab.sweep.loop import cell_processes
+    from grpolab.chapters.sweep.loop import cell_processes
 
     saved = os.environ.pop(forkserver.ENV, None)
     try:

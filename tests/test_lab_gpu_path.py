@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from grpolab.settings import lab_settings
+from grpolab.config.settings import lab_settings
 
 from suite import LAB_DIR, REPO_ROOT, TRAINER_LABS, gpu_only, load_lab_module
 
@@ -135,7 +135,7 @@ def _keywords_of(call_name: str, source: Path) -> set[str]:
 
 
 def test_unsloth_gpu_loader_accepts_every_argument_the_lab_passes():
-    lab_passes = _keywords_of("from_pretrained", REPO_ROOT / "grpolab" / "policy.py")
+    lab_passes = _keywords_of("from_pretrained", REPO_ROOT / "grpolab" / "model" / "policy.py")
     assert {"model_name", "fast_inference", "gpu_memory_utilization", "max_lora_rank"} <= lab_passes
     assert "unsloth_vllm_standby" in lab_passes
     assert lab_passes <= _gpu_loader_parameters("from_pretrained"), lab_passes - _gpu_loader_parameters(
@@ -146,7 +146,7 @@ def test_unsloth_gpu_loader_accepts_every_argument_the_lab_passes():
 def test_unsloth_get_peft_model_accepts_the_lora_arguments():
     from unsloth import FastLanguageModel
 
-    lab_passes = _keywords_of("get_peft_model", REPO_ROOT / "grpolab" / "policy.py")
+    lab_passes = _keywords_of("get_peft_model", REPO_ROOT / "grpolab" / "model" / "policy.py")
     assert {"r", "lora_alpha", "target_modules", "use_gradient_checkpointing"} <= lab_passes
     assert lab_passes <= set(inspect.signature(FastLanguageModel.get_peft_model).parameters)
 
@@ -162,8 +162,8 @@ def test_cpu_config_is_built_for_real(lab, tmp_path):
 @pytest.mark.slow
 @gpu_only("loads Qwen3-4B in 4-bit with vLLM in-process at the lab's share and reads the engine's KV blocks")
 def test_real_profile_starts_vllm_at_the_lab_share():
-    from grpolab import policy
-    from grpolab.tensors import vllm_kv_cache
+    from grpolab.memory.tensors import vllm_kv_cache
+    from grpolab.model import policy
 
     s = lab_settings(LAB_DIR, "gpu")
     model, _ = policy.load_policy(s)
@@ -197,14 +197,14 @@ def test_unsloth_is_imported_before_trl(lab):
         a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names
     }
     assert not top & {"trl", "transformers", "torch"}, top
-    policy_source = (REPO_ROOT / "grpolab" / "policy.py").read_text()
+    policy_source = (REPO_ROOT / "grpolab" / "model" / "policy.py").read_text()
     assert "from unsloth import FastLanguageModel" in policy_source.split("def ")[0]
 
 
 def test_allocation_stacks_are_recorded_only_when_asked():
     """Recording every CUDA allocation's stack slows the steps perf/* times: by default the run records
     none (an out-of-memory snapshot still shows every segment), with the flag or a memory cap it does."""
-    from grpolab.session import parser, records_memory_history
+    from grpolab.lab.session import parser, records_memory_history
 
     assert not records_memory_history(parser("").parse_args([]))
     assert records_memory_history(parser("").parse_args(["--record-memory-history"]))
@@ -223,8 +223,8 @@ def test_standby_loads_vllm_in_sleep_mode_and_its_ledger_reads():
 
     script = (
         "import json, os; from grpolab import cuda_env; env = cuda_env.configure(True); "
-        "from grpolab import policy, vllm_ledger; from grpolab.settings import lab_settings; "
-        "from grpolab.tensors import vllm_engine; "
+        "from grpolab import policy, vllm_ledger; from grpolab.config.settings import lab_settings; "
+        "from grpolab.memory.tensors import vllm_engine; "
         "s = lab_settings('labs/grpo-first', 'gpu').replace(unsloth_vllm_standby=True); "
         "model, _ = policy.load_policy(s); engine = vllm_engine(model); "
         "print(json.dumps({'alloc': os.environ.get('PYTORCH_ALLOC_CONF', ''), "

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from budgets.vocabulary import flag_text
-from grpolab.flags import parser
-from grpolab.settings import (
+from grpolab.config.flags import parser
+from grpolab.config.settings import (
     FLAGS,
     LabSettingsError,
     check,
@@ -190,7 +190,7 @@ def test_a_typo_in_lab_toml_is_named(tmp_path):
 
 
 def test_a_setting_neither_the_recipe_nor_the_chapter_sets_is_named(tmp_path, monkeypatch):
-    from grpolab import settings
+    from grpolab.config import settings
 
     (tmp_path / "recipe.toml").write_text(settings.RECIPE.read_text().replace("seed = 0\n", ""))
     monkeypatch.setattr(settings, "RECIPE", tmp_path / "recipe.toml")

@@ -11,7 +11,8 @@ import re
 
 import pytest
 
-from grpolab import claims, matrix
+from grpolab import matrix
+from grpolab.judging import claims
 
 import suite
 from suite import README, README_MATRIX_PLAN, REPO_ROOT, cpu_only, run_command

@@ -31,7 +31,7 @@ from suite import HAS_CUDA, REPO_ROOT, command_words, free_port, update_screensh
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 README_SCREENSHOT = REPO_ROOT / "docs" / "mlflow-budget-vs-measured.png"
-FIGURE_FILE = "rewards_and_memory.png"  # grpolab.overview.FIGURE, the figure the Overview opens with
+FIGURE_FILE = "rewards_and_memory.png"  # grpolab.judging.overview.FIGURE, the figure the Overview opens with
 ASSISTANT_CLOSE = "[data-component-id='mlflow.assistant.chat_panel.close']"  # the panel's own close button
 
 README_UI = "uv run mlflow ui --backend-store-uri sqlite:///mlflow.db"

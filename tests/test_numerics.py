@@ -1,4 +1,4 @@
-"""The CPU profile computes the same bits in every process and on every machine (grpolab.numerics).
+"""The CPU profile computes the same bits in every process and on every machine (grpolab.config.numerics).
 
 What one machine can show of another: torch started with another thread count, ATen's kernels and
 MKL's branch asked for by the environment, a process forked from a preloaded parent, and this
@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from grpolab import numerics, tiny_model
-from grpolab.atomic import save_pretrained_atomically
+from grpolab import tiny_model
+from grpolab.config import numerics
+from grpolab.lifecycle.atomic import save_pretrained_atomically
 
 from suite import REPO_ROOT, WAVE_TIMEOUT_S, Lab, cpu_only
 
@@ -34,7 +35,7 @@ import torch
 threads = int(sys.argv[1])
 threads and torch.set_num_threads(threads)  # as a machine with that many cores starts torch
 from grpolab import tiny_model
-from grpolab.atomic import save_pretrained_atomically
+from grpolab.lifecycle.atomic import save_pretrained_atomically
 with tempfile.TemporaryDirectory() as folder:
     book, tokenizer = tiny_model.build(None, steps=int(sys.argv[2]))
     for name in ("book", "own"):  # chapter 1's continues from the book's, in place: hash each when built

@@ -11,11 +11,11 @@ import mlflow
 import pytest
 import torch
 
-from grpolab import tracking
-from grpolab.device import Device
-from grpolab.oom import blame, is_out_of_memory
-from grpolab.probe import MemoryProbe
-from grpolab.tensors import model_bytes_by_kind, optimizer_state_bytes, quant_state_bytes
+from grpolab.lifecycle import tracking
+from grpolab.memory.device import Device
+from grpolab.memory.oom import blame, is_out_of_memory
+from grpolab.memory.probe import MemoryProbe
+from grpolab.memory.tensors import model_bytes_by_kind, optimizer_state_bytes, quant_state_bytes
 
 CPU = Device("cpu")
 

@@ -350,6 +350,41 @@ def test_every_relative_link_on_every_page_resolves():
     assert broken_links() == []
 
 
+# A repository path a page names in code (`grpolab/lab/session.py`, `task/`): a folder of the project,
+# then a name; placeholders (`labs/<name>/`, `NN-<name>`) and globs are patterns, not paths.
+REPO_PATH = re.compile(r"(?<![\w./-])((?:grpolab|task|budgets|labs|docs|tests|notebooks)/[\w./<>*-]*)")
+
+
+def missing_paths(root: Path = REPO_ROOT) -> list[str]:
+    """Each repository path named in a page's code spans or blocks that is not in the repository."""
+    problems = []
+    for page in pages(root):
+        text = page.read_text()
+        code = " ".join(CODE_SPAN.findall(text) + FENCE.findall(text))
+        for named in REPO_PATH.findall(code):
+            path = named.rstrip(".,:;")
+            if any(mark in path for mark in ("<", "*", "NN-")):
+                continue
+            if not (root / path).exists():
+                problems.append(f"{page.relative_to(root)}: {path}")
+    return sorted(set(problems))
+
+
+def test_every_path_a_page_names_is_in_the_repository():
+    assert missing_paths() == []
+
+
+def test_the_path_check_sees_a_moved_module(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "grpolab" / "lab").mkdir(parents=True)
+    (tmp_path / "grpolab" / "lab" / "session.py").write_text("")
+    (tmp_path / "README.md").write_text(
+        "The session (`grpolab/lab/session.py`), once `grpolab/session.py`; each chapter's `labs/<name>/`.\n"
+        "```bash\nuv run python labs/grpo-gone/train.py\n```\n"
+    )
+    assert missing_paths(tmp_path) == ["README.md: grpolab/session.py", "README.md: labs/grpo-gone/train.py"]
+
+
 def test_the_link_check_sees_a_broken_link_and_a_broken_anchor(tmp_path):
     """On sketched pages: a link to a file that is not there and an anchor no heading has are named;
     links that resolve (a file, a folder, a heading of another page or of the page itself, a picture),

@@ -9,7 +9,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from grpolab import rehearsal
+from grpolab.model import rehearsal
 
 from suite import LAB_DIR, cpu_only, run_in_process, script_and_args
 
@@ -110,7 +110,7 @@ def test_a_folder_without_room_is_refused_in_one_line_before_anything_is_written
 def test_the_rehearsal_builds_under_the_lab_outputs_unless_told_otherwise(lab_module, monkeypatch, tmp_path):
     """Where the checkpoint is built: `<output-dir>/rehearsal`, or `--rehearsal-dir` (the build itself is
     recorded here and stopped: the real one is test_rehearse_runs_the_lab_...'s)."""
-    from grpolab import prepare
+    from grpolab.lab import prepare
 
     class Built(Exception):
         pass

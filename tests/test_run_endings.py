@@ -36,8 +36,9 @@ import pytest
 import torch
 
 from budgets.units import GIB, MIB
-from grpolab import endings, run_result, tracking
-from grpolab.atomic import save_pretrained_atomically
+from grpolab.lifecycle import endings, tracking
+from grpolab.lifecycle.atomic import save_pretrained_atomically
+from grpolab.memory import run_result
 
 from suite import LAB_DIR, REPO_ROOT, SIGNALLED, STEPS_BEFORE_SIGNAL, cpu_only, free_port, only_run
 
@@ -97,7 +98,7 @@ def test_an_unreachable_tracking_server_is_one_line_before_the_heavy_imports(tmp
 
 
 def test_http_retries_are_bounded_once_the_server_answers(monkeypatch):
-    from grpolab import store
+    from grpolab.lifecycle import store
 
     class Health(__import__("http.server").server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -401,8 +402,8 @@ def test_a_run_stopped_by_sigterm_says_so_and_a_failed_one_names_its_error(store
 
 def _session_inputs(tmp_path):
     from budgets import compute
-    from grpolab.device import Device
-    from grpolab.settings import lab_settings
+    from grpolab.config.settings import lab_settings
+    from grpolab.memory.device import Device
 
     settings = lab_settings(LAB_DIR, "cpu")
     args = Namespace(
@@ -416,7 +417,7 @@ def _session_inputs(tmp_path):
 
 @pytest.mark.slow
 def test_the_harness_reconciles_at_start_and_describes_how_its_run_ended(store, tmp_path, capsys):
-    from grpolab.session import session
+    from grpolab.lab.session import session
 
     pid, started = dead_process()
     left = plant(
@@ -459,8 +460,8 @@ def test_the_harness_reconciles_at_start_and_describes_how_its_run_ended(store, 
 
 
 def test_a_run_out_of_memory_leaves_its_result_for_the_process_that_started_it(store, tmp_path):
-    from grpolab.oom import OutOfMemory
-    from grpolab.session import session
+    from grpolab.lab.session import session
+    from grpolab.memory.oom import OutOfMemory
 
     with pytest.raises(OutOfMemory), session(*_session_inputs(tmp_path), None) as run:
         raise MemoryError("the step's activations")

@@ -9,7 +9,7 @@ last whole checkpoint, leaving steps logged that the checkpoint does not hold. T
 resumes each as the README says (`--resume last`, and by its folder) as a lab process, as finish-1
 ran; here the resumed runs are held against finish-1: one metric point per step, nothing twice and
 nothing missing, the resume in the description, and the same adapter, bit for bit (the CPU profile's
-arithmetic is pinned: grpolab.numerics). The refusals
+arithmetic is pinned: grpolab.config.numerics). The refusals
 (no checkpoint, a half-written one, another chapter, another model or LoRA shape, a finished run) run
 in this process on runs written for them: one line each, exit 2, nothing written.
 """
@@ -25,10 +25,10 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from grpolab import resume
-from grpolab.checkpoints import WHOLE
-from grpolab.errors import LabSettingsError
-from grpolab.settings import lab_settings
+from grpolab.config.errors import LabSettingsError
+from grpolab.config.settings import lab_settings
+from grpolab.lifecycle import resume
+from grpolab.lifecycle.checkpoints import WHOLE
 
 from suite import LAB_DIR, README_FLAGS, cpu_only, script_and_args
 
@@ -256,7 +256,7 @@ def test_unknown_targets_and_runs_still_running_are_refused(lab_module, capsys, 
     err = refusal(lab_module, capsys, store, tmp_path, ["--resume", "not-a-run"])
     assert "'not-a-run' is neither a run folder nor a run id of this store" in err
     # a run whose process lives (this one's) is still running: not to be resumed under it
-    from grpolab import tracking
+    from grpolab.lifecycle import tracking
 
     store.update_run(run.info.run_id, "RUNNING")
     for key, value in tracking.process_tags().items():
@@ -282,8 +282,8 @@ def test_changes_that_leave_the_training_alone_are_allowed_and_kept(store, tmp_p
 def test_a_signal_during_a_steps_bookkeeping_lands_when_the_next_step_begins():
     from types import SimpleNamespace
 
-    from grpolab import endings
-    from grpolab.step_boundary import StepBoundary, rng_states
+    from grpolab.lifecycle import endings
+    from grpolab.lifecycle.step_boundary import StepBoundary, rng_states
 
     boundary, state = StepBoundary(), SimpleNamespace(global_step=3)
     with endings.catching_signals():
@@ -312,8 +312,8 @@ def test_the_stopped_checkpoint_takes_the_rng_states_of_the_step_it_holds(tmp_pa
     from peft import LoraConfig, get_peft_model
     from transformers import Trainer, TrainingArguments
 
-    from grpolab.checkpoints import checkpoints
-    from grpolab.step_boundary import StepBoundary, save_stopped
+    from grpolab.lifecycle.checkpoints import checkpoints
+    from grpolab.lifecycle.step_boundary import StepBoundary, save_stopped
 
     class Tiny(torch.nn.Module):
         def __init__(self):
@@ -354,7 +354,7 @@ def test_a_resumed_meter_reads_the_steps_before_its_checkpoint_and_logs_none_twi
     steps the first process already logged are not sent to MLflow again."""
     from types import SimpleNamespace
 
-    from grpolab.meter import Meter
+    from grpolab.lab.meter import Meter
 
     rows = [{"loss": 0.1 * s, "reward": 0.05 * s, "epoch": 0.01 * s, "step": s} for s in (1, 2, 3)]
     state = SimpleNamespace(global_step=3, log_history=[*rows, {"train_runtime": 9.0, "step": 3}])
@@ -375,8 +375,8 @@ def test_after_an_out_of_memory_the_resume_names_only_what_a_resume_may_change(t
     from types import SimpleNamespace
 
     from budgets import compute
-    from grpolab.checkpoints import Checkpoint
-    from grpolab.session import _resume_line
+    from grpolab.lab.session import _resume_line
+    from grpolab.lifecycle.checkpoints import Checkpoint
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     settings = lab_settings(LAB_DIR, "gpu")

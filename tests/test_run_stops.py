@@ -1,7 +1,7 @@
 """A stop is never lost: SIGTERM, SIGINT or SIGHUP at any moment ends the run KILLED, naming the
 phase it arrived in, or, before the MLflow run exists, leaves nothing and exits 128 + the signal.
 
-The harness records a signal where it arrives and acts on it at points it owns (grpolab.endings.STOPS):
+The harness records a signal where it arrives and acts on it at points it owns (grpolab.lifecycle.endings.STOPS):
 an exception thrown into foreign code can be swallowed (Unsloth's lazy imports catch everything: a
 SIGTERM during the model's load once let a run train to the end, FINISHED).
 
@@ -23,9 +23,9 @@ import time
 
 import pytest
 
-from grpolab import endings, tracking
-from grpolab.console import STEP_PREFIX
-from grpolab.endings import PHASE_PREFIX
+from grpolab.lab.console import STEP_PREFIX
+from grpolab.lifecycle import endings, tracking
+from grpolab.lifecycle.endings import PHASE_PREFIX
 
 from suite import LAST_LINE, OTHER_SIGNALS_AT, cpu_only
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 import task
-from grpolab.settings import lab_settings
+from grpolab.config.settings import lab_settings
 
 from suite import LAB_DIR
 

@@ -118,7 +118,7 @@ def test_a_task_added_to_the_registry_does_not_change_the_books_stand_in(monkeyp
     book = tiny_model.recipe_hash()
     book_pairs = tiny_model.warm_start_texts(tokenizer)
     # The pairs the book stand-in was warm-started on (digest taken from the code before any task of
-    # its own existed) and the name its shipped weights have (grpolab/standins): a change here
+    # its own existed) and the name its shipped weights have (grpolab/tiny_model/standins): a change here
     # changes chapters 1-3's model under an unchanged name.
     digest = hashlib.sha256(json.dumps(book_pairs).encode()).hexdigest()[:16]
     assert (book, digest) == ("2295c389975b", "fdef10e51f4e97a7")
@@ -229,7 +229,7 @@ def test_the_warm_started_model_answers_in_the_format_now_and_then():
 
 
 def test_an_interrupted_save_leaves_no_folder(tmp_path):
-    from grpolab.atomic import save_pretrained_atomically
+    from grpolab.lifecycle.atomic import save_pretrained_atomically
 
     class Breaks:
         def save_pretrained(self, path):

@@ -7,7 +7,7 @@ writes its code under UNSLOTH_COMPILE_LOCATION, here a temporary folder), and ch
 or by constructing it, every behaviour the lab and the budget rely on:
 
 - the precision guard, run from the generated code for a T4 (sm_75) and an RTX 5080 (sm_120)
-  with only the absent CUDA query stood in for (grpolab/precision.py decides the flags);
+  with only the absent CUDA query stood in for (grpolab/model/precision.py decides the flags);
 - the reference policy: no frozen 'ref' adapter under Unsloth's trainer (TRL 1.15 adds one);
 - the config defaults Unsloth changes (warm-up, weight decay, reward scaling, IS correction);
 - the per-token log-prob route and the chunk rule budgets/arithmetic.py ports.
@@ -40,7 +40,7 @@ PROBE = textwrap.dedent(
     out = Path(sys.argv[1])
     R = {}
 
-    from unsloth import FastLanguageModel  # noqa: E402  (first, as grpolab/policy.py)
+    from unsloth import FastLanguageModel  # noqa: E402  (first, as grpolab/model/policy.py)
     import datasets
     import torch
     import trl
@@ -49,8 +49,8 @@ PROBE = textwrap.dedent(
     TRLTrainer = trl_grpo.GRPOTrainer  # TRL's own classes, before Unsloth rewrites them
     from trl.trainer.grpo_config import GRPOConfig as TRLConfig
 
-    from grpolab.precision import load_dtype, trainer_precision
-    from grpolab.unsloth_trainer import grpo_trainer_class, keep_float32
+    from grpolab.model.precision import load_dtype, trainer_precision
+    from grpolab.model.unsloth_trainer import grpo_trainer_class, keep_float32
 
     Trainer = grpo_trainer_class()
     Config = trl.GRPOConfig
@@ -273,7 +273,7 @@ def test_the_cpu_profile_gets_unsloths_generated_trainer(probe):
 def test_on_cuda_import_unsloth_alone_gives_the_generated_trainer(tmp_path):
     code = (
         "import unsloth, trl; first = trl.GRPOTrainer\n"
-        "from grpolab.unsloth_trainer import grpo_trainer_class\n"
+        "from grpolab.model.unsloth_trainer import grpo_trainer_class\n"
         "assert first.__name__ == 'UnslothGRPOTrainer', first\n"
         "assert grpo_trainer_class() is first\n"
     )
@@ -327,7 +327,7 @@ def test_the_guard_reads_the_dtype_where_model_dtype_reads_it(probe):
 
 def test_load_dtype_is_unsloths_rule():
     """Unsloth loads float16 below compute capability 8 and bfloat16 from 8 on (dtype=None)."""
-    from grpolab.precision import load_dtype
+    from grpolab.model.precision import load_dtype
 
     gpu_init = _site_source("unsloth/_gpu_init.py")
     utils = _site_source("unsloth/models/_utils.py")
@@ -352,7 +352,7 @@ def test_load_dtype_matches_what_unsloth_loads_on_this_card(tmp_path):
     code = (
         "import torch\n"
         "from unsloth import FastLanguageModel\n"
-        "from grpolab.precision import load_dtype, model_dtype\n"
+        "from grpolab.model.precision import load_dtype, model_dtype\n"
         "from grpolab.tiny_model import ensure_tiny_model\n"
         "model, _ = FastLanguageModel.from_pretrained(model_name=str(ensure_tiny_model()), max_seq_length=256,\n"
         "    load_in_4bit=True, dtype=None, fast_inference=False)\n"

@@ -12,10 +12,10 @@ import pytest
 
 from budgets import compute
 from budgets.units import GIB
-from grpolab import vllm_ledger
-from grpolab.settings import lab_settings
+from grpolab.config.settings import lab_settings
+from grpolab.memory import vllm_ledger
 
-# From the installed distribution, not an import: a CPU-only process blocks `import vllm` (grpolab.policy).
+# From the installed distribution, not an import: a CPU-only process blocks `import vllm` (grpolab.model.policy).
 VLLM = Path(importlib.metadata.distribution("vllm").locate_file("vllm"))
 
 

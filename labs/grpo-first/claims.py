@@ -9,7 +9,7 @@ counted in prompts (of 64): one prompt is 1.6 points, and a claim's margin is re
 
 from __future__ import annotations
 
-from grpolab.claims import ChapterStore, Claim, prompts, quarter_means
+from grpolab.judging.claims import ChapterStore, Claim, prompts, quarter_means
 
 CLAIMS = (
     Claim("correctness_reward climbs, first quarter to last", "correctness_climb", at_least=0.30),

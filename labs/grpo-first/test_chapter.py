@@ -18,8 +18,8 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from grpolab.claims import quarter_means
-from grpolab.settings import lab_settings
+from grpolab.config.settings import lab_settings
+from grpolab.judging.claims import quarter_means
 
 from suite import (
     LAB_DIR,
@@ -269,7 +269,7 @@ def test_artifacts_adapter_chart_table_and_sheet(readme):
     assert {"memory/budget_vs_measured.png", "memory/budget_vs_measured.md"} <= memory
     budget = {a.path for a in client.list_artifacts(run_id, "budget")}
     assert {"budget/sheet.txt", "budget/sheet.json"} <= budget
-    # The Overview (grpolab.overview): the verdict, in the run's unit alone, then the figure (the rewards
+    # The Overview (grpolab.judging.overview): the verdict, in the run's unit alone, then the figure (the rewards
     # per step beside the memory chart) as an image of this run's artifact.
     note = run.data.tags["mlflow.note.content"]
     verdict = note.split("\n\n")[0]

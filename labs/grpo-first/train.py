@@ -37,7 +37,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpolab
-from grpolab.settings import LabSettings
+from grpolab.config.settings import LabSettings
 
 LAB_DIR = Path(__file__).resolve().parent
 

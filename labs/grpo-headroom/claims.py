@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tempfile
 
-from grpolab.claims import ChapterStore, Claim, prompts
+from grpolab.judging.claims import ChapterStore, Claim, prompts
 
 ARMS = ("recipe", "group", "length", "batch")
 CLAIMS = tuple(

@@ -136,8 +136,8 @@ def arm_result(arm: str, gain: float, spent_gib: float, minutes: float) -> dict:
 def test_the_verdict_names_an_arm_most_only_where_its_gib_bought_more_than_the_recipe(batch_gain, says):
     """An arm whose GiB bought a gain beyond the recipe's is "most per GiB"; where none did (a tie, or
     every arm below the recipe), the verdict says so and names the nearest, instead of crowning it."""
-    from grpolab.headroom import verdict
-    from grpolab.sweep.host import Host
+    from grpolab.chapters.headroom import verdict
+    from grpolab.chapters.sweep.host import Host
 
     results = [
         arm_result("recipe", 40.0, 0.0, 0.25),

@@ -44,9 +44,8 @@ import sys
 from pathlib import Path
 
 import grpolab
-from grpolab import headroom
-from grpolab.chapters import load_chapter
-from grpolab.settings import LabSettings
+from grpolab.chapters import headroom, load_chapter
+from grpolab.config.settings import LabSettings
 
 LAB_DIR = Path(__file__).resolve().parent
 FIRST = load_chapter("grpo-first")  # chapter 1's lesson: every arm trains it

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import tempfile
 
-from grpolab.claims import ChapterStore, Claim, prompts, quarter_means
+from grpolab.judging.claims import ChapterStore, Claim, prompts, quarter_means
 
 LOOSE = ("loose", "loose-beta0")  # the arms the loose checker pays with the book's leash, or none
 CLAIMS = (

@@ -1,4 +1,4 @@
-"""The arms' report (grpolab.arms) on records built here, and the refusals before anything loads."""
+"""The arms' report (grpolab.chapters.arms) on records built here, and the refusals before anything loads."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from grpolab import arms
+from grpolab.chapters import arms
 
 from suite import load_lab_module
 

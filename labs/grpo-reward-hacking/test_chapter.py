@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from grpolab.claims import quarter_means
+from grpolab.judging.claims import quarter_means
 
 from suite import chapter, load_lab_module, table_rows
 

@@ -28,7 +28,7 @@ a short right one; "grpo" averages per completion, and "dapo" per token of the b
 What it simplifies: short arms (24 steps on the CPU, 50 on a GPU), one process for all arms (the
 memory peak of an arm after the first includes what earlier ones left), and one loose checker among
 the many a user could write. Without a GPU the arms train the tiny stand-in, warm-started so it knows
-the task now and then (grpolab/tiny_model.py); measured there (seed 0, the same on every x86-64
+the task now and then (grpolab/tiny_model/); measured there (seed 0, the same on every x86-64
 machine), the exact arm's held-out accuracy goes 73.4% -> 100.0% while the loose arm's paid reward
 climbs 0.49 -> 0.96 and its held-out accuracy falls to 0.0%: it writes a run of digits. On a GPU,
 Qwen3-4B with the book's recipe on countdown (it knows last digits already), where the loose checker
@@ -46,9 +46,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpolab
-from grpolab.arms import Arm
 from grpolab.chapters import load_chapter
-from grpolab.settings import LabSettings
+from grpolab.chapters.arms import Arm
+from grpolab.config.settings import LabSettings
 
 LAB_DIR = Path(__file__).resolve().parent
 FIRST = load_chapter("grpo-first")  # chapter 1's lesson: its GRPO config is every arm's
@@ -99,7 +99,7 @@ def train(run: grpolab.Run, reward: str = "exact") -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from grpolab import arms
+    from grpolab.chapters import arms
 
     return arms.main(LAB_DIR, ARMS, train, argv, doc=__doc__)
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from grpolab.endings import HOLD_PHASE_ENV, PHASE_PREFIX, SHOW_PHASES_ENV
-from grpolab.errors import LabSettingsError
+from grpolab.config.errors import LabSettingsError
+from grpolab.lifecycle.endings import HOLD_PHASE_ENV, PHASE_PREFIX, SHOW_PHASES_ENV
 
 from suite import (
     Lab,
@@ -317,8 +317,8 @@ def test_an_adapter_of_another_shape_and_a_full_disk_are_one_line(shipped, tmp_p
     import shutil
 
     from budgets.shipping import MergeCost
-    from grpolab.ship import lab as ship_lab
-    from grpolab.ship import source
+    from grpolab.chapters.ship import lab as ship_lab
+    from grpolab.chapters.ship import source
 
     chapter_run, _, trained = shipped
     found = source.find(trained.info.run_id, chapter_run.client, ship_lab.FIRST_DIR, "cpu")
@@ -342,7 +342,7 @@ def test_an_adapter_of_another_shape_and_a_full_disk_are_one_line(shipped, tmp_p
 def test_an_adapter_whose_folder_is_gone_is_fetched_from_its_runs_artifacts(shipped, tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from grpolab.ship import source
+    from grpolab.chapters.ship import source
 
     chapter_run, _, trained = shipped
     monkeypatch.setenv("GRPOLAB_CACHE", str(tmp_path / "cache"))
@@ -366,8 +366,8 @@ def test_the_reload_check_names_an_adapter_that_is_not_the_saved_one(shipped, st
 
     from safetensors.torch import load_file, save_file
 
-    from grpolab.ship import lab as ship_lab
-    from grpolab.ship import source, stages
+    from grpolab.chapters.ship import lab as ship_lab
+    from grpolab.chapters.ship import source, stages
 
     chapter_run, _, trained = shipped
     found = source.find(trained.info.run_id, chapter_run.client, ship_lab.FIRST_DIR, "cpu")
@@ -395,8 +395,8 @@ def test_the_reload_check_names_an_adapter_that_is_not_the_saved_one(shipped, st
 def test_no_finished_run_is_said_in_one_line_with_what_to_do(tmp_path):
     import mlflow
 
-    from grpolab.ship import lab as ship_lab
-    from grpolab.ship import source
+    from grpolab.chapters.ship import lab as ship_lab
+    from grpolab.chapters.ship import source
 
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     with pytest.raises(source.NoFinishedRun) as refused:

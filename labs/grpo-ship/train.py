@@ -31,9 +31,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpolab
-from grpolab import ship
-from grpolab.chapters import load_chapter
-from grpolab.settings import LabSettings
+from grpolab.chapters import load_chapter, ship
+from grpolab.config.settings import LabSettings
 
 LAB_DIR = Path(__file__).resolve().parent
 FIRST = load_chapter("grpo-first")  # the lesson whose adapter is shipped, and its short form's

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tempfile
 
-from grpolab.claims import ChapterStore, Claim
+from grpolab.judging.claims import ChapterStore, Claim
 
 MATRIX_ARGS = ["--run-refused"]  # the README's second command: the refused edge, run anyway
 CLAIMS = (

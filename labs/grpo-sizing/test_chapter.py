@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from budgets import Plan, compute, load_shape
-from grpolab import sweep
-from grpolab.settings import LabSettingsError, lab_settings
+from grpolab.chapters import sweep
+from grpolab.config.settings import LabSettingsError, lab_settings
 
 from suite import load_lab_module
 

@@ -15,10 +15,11 @@ from types import SimpleNamespace
 import pytest
 
 from budgets.units import GIB, MIB
-from grpolab import comparison, run_result, sweep
-from grpolab.probe import PhasePeak
-from grpolab.sweep import cells, report
-from grpolab.sweep.cells import Exited
+from grpolab.chapters import sweep
+from grpolab.chapters.sweep import cells, report
+from grpolab.chapters.sweep.cells import Exited
+from grpolab.memory import comparison, run_result
+from grpolab.memory.probe import PhasePeak
 
 LAB = Path(__file__).resolve().parent
 CAP_GIB = 0.32  # the chapter's CPU_MEMORY_CAP_GIB: two cells fit, the edge past them does not
@@ -34,7 +35,7 @@ def planned():
 
 
 def fake_run(sheet, output_dir: Path, run_id: str = "run-1", seconds=(3.0, 1.0, 2.0), load=None):
-    """What run_result.write reads of a lab run (grpolab.session.Run), built by hand."""
+    """What run_result.write reads of a lab run (grpolab.lab.session.Run), built by hand."""
     phases = [PhasePeak("load", load if load is not None else sheet.phases["start"])]
     return SimpleNamespace(
         sheet=sheet,
@@ -103,9 +104,9 @@ def test_the_generation_seconds_are_those_of_the_steps_that_ended(planned, monke
     the training pass after it) is not a step's."""
     import mlflow
 
-    from grpolab.device import Device
-    from grpolab.meter import Meter
-    from grpolab.probe import MemoryProbe
+    from grpolab.lab.meter import Meter
+    from grpolab.memory.device import Device
+    from grpolab.memory.probe import MemoryProbe
 
     logged = []
     monkeypatch.setattr(mlflow, "log_metrics", lambda metrics, step=None: logged.append(metrics))

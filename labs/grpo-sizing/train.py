@@ -60,9 +60,9 @@ import sys
 from pathlib import Path
 
 import grpolab
-from grpolab import sweep
-from grpolab.settings import LabSettings
-from grpolab.sweep import Grid, load_chapter
+from grpolab.chapters import sweep
+from grpolab.chapters.sweep import Grid, load_chapter
+from grpolab.config.settings import LabSettings
 
 LAB_DIR = Path(__file__).resolve().parent
 FIRST = load_chapter("grpo-first")  # chapter 1's lesson: its GRPO config is every cell's

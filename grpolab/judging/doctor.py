@@ -1,0 +1,481 @@
+"""The run doctor: from what TRL logged and the held-out evaluation, what held learning back.
+
+Each finding names the problem with the run's own numbers and one next step, as flags the lab
+accepts. The signs it reads, all logged by TRL every step:
+
+    frac_reward_zero_std         groups whose completions all scored the same: no advantage, no signal
+    completions/clipped_ratio    completions cut at max_completion_length: the answer never came
+    kl                           distance from the reference policy (beta > 0)
+    entropy                      how spread the policy's sampling still is
+    rewards/<fn>/mean            each reward; a shaping reward up while an answer reward falls is
+                                 reward hacking
+    sampling/sampling_logp_difference/mean
+                                 vLLM's log-probs of its own samples against the trainer's (GPU, with
+                                 vllm_importance_sampling_correction): a gap that grows as the adapter
+                                 trains says the rollouts are not the adapter's
+
+two the harness adds from the completions themselves (grpolab.judging.completions.group_stats):
+
+    completions/distinct_share   how many of a group's completions differ (1/G: all the same)
+    completions/tag_like_ratio   how many hold something that looks like the answer tag
+
+and the held-out accuracy before and after training (grpolab.judging.evaluate). The book names four reasons a
+correctness curve never moves, and each has a rule: completions cut before the tag
+(`cut_before_the_tag`), a group with no diversity (`no_diversity`: the temperature), a reward whose
+parse fails on every completion (`reward_never_pays`), and rollouts that do not come from the policy
+being trained (`rollouts_not_from_policy`: the adapter not in vLLM; Unsloth PR 8701). Which rewards there are, the
+most each pays and its role (answer or shaping) come from the run's task (`values["task"]`), as
+declared in task.rewards, so every rule reads a reward as soon as a task declares it.
+
+A run may train on rewards its task does not declare (`reward_funcs`, with TRL's `reward_weights`):
+chapter 4 trains on a loose checker and keeps the task's exact rewards beside it at weight 0, logged
+on the same completions but paying nothing. A trained answer reward that is not the task's own is a
+proxy; when it climbs away from the task's exact answer reward on the same completions, or while
+held-out accuracy does not rise, the policy is paid for something other than the right answer, and
+the doctor names the step where the two parted.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from budgets.advice import lower, raise_, render, set_to
+from task import get_task
+from task.rewards import RewardFunc, RewardInfo, RewardRole, reward_info
+
+# Thresholds, each a judgement call stated once.
+NO_SIGNAL_SHARE = 0.3  # a third of the groups teaching nothing is a run mostly spent idle
+CLIPPED_SHARE = 0.25  # a quarter of completions cut short
+KL_RISE = 2.0  # the last quarter's KL at least twice the second quarter's ...
+KL_FLOOR = 0.5  # ... and large in absolute terms (nats per token)
+ENTROPY_FALL = 0.25  # the last quarter's entropy under a quarter of the first's
+FLAT_SHARE = 0.02  # a reward moved by less than 2% of the most it pays
+LOW_REWARD = 0.05  # a mean reward at or below this: most completions earn nothing at all
+RARE_CORRECT = 0.01  # answer rewards paid this share of their maximum on average: the answer is out of reach
+# A proxy answer reward paying at least this share of its maximum more than the task's exact answer
+# reward, beyond the gap they started with: a fifth of the completions paid for a wrong answer.
+PROXY_GAP = 0.2
+CUT_FORMAT_SHARE = (
+    0.5  # cut completions with the format paid to fewer than half of all completions: cut before the tag
+)
+NO_DIVERSITY = (
+    1.5  # distinct completions in a group, on average over the first quarter: one, now and then two
+)
+TAG_LIKE = (
+    0.05  # one completion in twenty holds an answer in its tag while a reward pays none: its parse fails
+)
+# vLLM's log-probs against the trainer's, per token: kernels and precision keep the two within a few
+# hundredths of a nat when they are the same model; a rollout engine serving the base while the adapter
+# trains drifts with the adapter, as far as the KL to the base.
+LOGP_GAP = 0.1  # nats per token in the last quarter ...
+LOGP_GROWTH = 3.0  # ... and that many times the first quarter's
+LOGP_METRIC = "sampling/sampling_logp_difference/mean"
+REWARD_METRIC = re.compile(r"rewards/(.+)/mean")
+
+
+@dataclass(frozen=True)
+class Finding:
+    name: str
+    message: str  # the numbers and the next step, one line
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.message}"
+
+
+def step_rows(history: Sequence[dict[str, float]]) -> list[dict[str, float]]:
+    """The rows TRL logs once per step (not the end-of-training summary)."""
+    # Any reward's mean marks a step row, whatever the task: the summary row logs none of them.
+    return [row for row in history if "loss" in row or any(REWARD_METRIC.fullmatch(k) for k in row)]
+
+
+def series(history: Sequence[dict[str, float]], key: str) -> list[float]:
+    return [row[key] for row in history if key in row]
+
+
+def run_rewards(
+    values: Mapping[str, Any], reward_funcs: Sequence[RewardFunc] | None = None
+) -> tuple[RewardInfo, ...]:
+    """The declared rewards the run was trained on: `reward_funcs` if given, else `values["task"]`'s."""
+    if reward_funcs is None:
+        if values.get("task") is None:
+            # No guess: every threshold scales with the rewards' maxima, and a wrong task's rewards
+            # would give confident, wrong verdicts (or none) instead of an error.
+            raise ValueError("the run doctor needs the run's task: values['task'], or reward_funcs=")
+        reward_funcs = get_task(values["task"]).reward_funcs
+    return tuple(reward_info(f) for f in reward_funcs)
+
+
+def _trend(rows: Sequence[dict[str, float]], reward: RewardInfo) -> tuple[float, float] | None:
+    """A reward's first and last quarter means, None if it was never logged."""
+    values = series(rows, reward.metric)
+    if not values:
+        return None
+    first, _, _, last = quarters(values)
+    return first, last
+
+
+def no_signal(rows: Sequence[dict[str, float]]) -> list[float]:
+    """Per step, the share of groups whose completions all scored the same. TRL's own
+    frac_reward_zero_std misses groups whose std is a float's rounding away from zero (16 rewards of
+    0.2 give 1.5e-8, above torch.isclose's 1e-8), so a step whose reward_std is that small counts too."""
+    out = []
+    for row in rows:
+        share = row.get("frac_reward_zero_std")
+        if share is None:
+            continue
+        out.append(1.0 if row.get("reward_std", 1.0) < 1e-6 else share)
+    return out
+
+
+def quarters(values: list[float]) -> tuple[float, float, float, float]:
+    """Mean of each quarter of a series (short series repeat their values)."""
+    n = len(values)
+    cuts = [values[i * n // 4 : max((i + 1) * n // 4, i * n // 4 + 1)] for i in range(4)]
+    return tuple(statistics.fmean(c) for c in cuts)  # type: ignore[return-value]
+
+
+def diagnose(
+    history: Sequence[dict[str, float]],
+    values: Mapping[str, Any],
+    accepts: set[str],
+    before=None,
+    after=None,
+    *,
+    reward_funcs: Sequence[RewardFunc] | None = None,
+    reward_weights: Sequence[float] | None = None,
+) -> list[Finding]:
+    """The findings for one run. `values`: the run's settings (what advice is rendered against, and
+    `values["task"]`, whose rewards are read); `accepts`: the settings the lab's command line accepts;
+    `before`/`after`: held-out results; `reward_funcs`: the rewards, when not the task's;
+    `reward_weights`: TRL's weights of those rewards (a reward at weight 0 is watched, not trained)."""
+    logged = run_rewards(values, reward_funcs)  # before any early return: a bad call fails on every run
+    weights = [1.0] * len(logged) if reward_weights is None else [float(w) for w in reward_weights]
+    if len(weights) != len(logged):
+        raise ValueError(f"{len(weights)} reward weights for {len(logged)} rewards")
+    rewards = [r for r, w in zip(logged, weights, strict=True) if w != 0]  # what the policy was paid
+    rows = step_rows(history)
+    findings: list[Finding] = []
+    if len(rows) < MIN_STEPS:
+        return findings
+    most = sum(w * r.max_reward for r, w in zip(logged, weights, strict=True))
+    answers = [r for r in rewards if r.role is RewardRole.ANSWER]
+    shaping = [r for r in rewards if r.role is RewardRole.SHAPING]
+
+    def advise(*changes) -> str:
+        return render(tuple(changes), values, accepts)
+
+    flat = no_signal(rows)
+    reward = series(rows, "reward")
+    findings += _no_diversity(rows, values, advise)
+    if flat and statistics.fmean(flat) >= NO_SIGNAL_SHARE and not findings:
+        idle = sum(1 for f in flat if f >= 0.999)
+        level = statistics.fmean(reward) if reward else 0.0
+        paid = {r: statistics.fmean(s) for r in answers if (s := series(rows, r.metric))}
+        harder = "pick a harder task with --task" if "task" in accepts else "pick a harder task"
+        if level >= 0.9 * most:
+            why, fix = "the task is too easy for the policy", harder
+        elif level > LOW_REWARD and paid and all(m < RARE_CORRECT * r.max_reward for r, m in paid.items()):
+            why = (
+                f"completions earn the format and almost never the answer (correctness "
+                f"{', '.join(f'{m:.3f}' for m in paid.values())} on average in "
+                f"{', '.join(r.metric for r in paid)}): the policy has little left it can learn"
+            )
+            fix = advise(raise_("num_generations"), raise_("temperature")) + ", or an easier task"
+        elif level <= LOW_REWARD:
+            why = "most groups scored nothing"
+            fix = advise(raise_("num_generations"), raise_("temperature"))
+        else:
+            why = "too many groups are all right or all wrong together"
+            fix = advise(raise_("num_generations"), raise_("temperature"))
+        findings.append(
+            Finding(
+                "no_learning_signal",
+                f"in {statistics.fmean(flat):.0%} of groups every completion scored the same ({idle} of "
+                f"{len(flat)} steps had no signal at all; mean reward {level:.3f}): {why}: {fix}",
+            )
+        )
+
+    clipped = series(rows, "completions/clipped_ratio")
+    formats = [(r, statistics.fmean(s)) for r in shaping if (s := series(rows, r.metric))]
+    cut_before = [(r, m) for r, m in formats if m < CUT_FORMAT_SHARE * r.max_reward]
+    if clipped and statistics.fmean(clipped) >= CLIPPED_SHARE and cut_before:
+        findings.append(
+            Finding(
+                "cut_before_the_tag",
+                f"{statistics.fmean(clipped):.0%} of completions were cut at max_completion_length "
+                f"{values.get('max_completion_length')} while {', '.join(f'{r.metric} paid {m:.3f} of its {r.max_reward:g}' for r, m in cut_before)}: "
+                f"they end before the answer's tag, so no answer is ever scored: {advise(raise_('max_completion_length'))}",
+            )
+        )
+    elif clipped and statistics.fmean(clipped) >= CLIPPED_SHARE:
+        findings.append(
+            Finding(
+                "completions_cut",
+                f"{statistics.fmean(clipped):.0%} of completions were cut at max_completion_length "
+                f"{values.get('max_completion_length')} ({quarters(clipped)[3]:.0%} in the last quarter): the "
+                f"answer never came: {advise(raise_('max_completion_length'))}, or penalise length",
+            )
+        )
+
+    kl = series(rows, "kl")
+    if kl:
+        _, second, _, last = quarters(kl)
+        if last >= KL_FLOOR and last >= KL_RISE * max(second, 1e-9):
+            findings.append(
+                Finding(
+                    "kl_climbing",
+                    f"KL to the reference rose from {second:.3f} (second quarter) to {last:.3f} (last quarter): "
+                    f"the policy is drifting fast: {advise(lower('learning_rate'), raise_('beta'))}",
+                )
+            )
+
+    entropy = series(rows, "entropy")
+    if entropy:
+        first, _, _, last = quarters(entropy)
+        if first > 0 and last < ENTROPY_FALL * first:
+            findings.append(
+                Finding(
+                    "entropy_collapsed",
+                    f"entropy fell from {first:.3f} to {last:.3f}: the policy samples nearly one completion "
+                    f"per prompt, so groups stop differing: {advise(raise_('temperature'), lower('learning_rate'))}",
+                )
+            )
+
+    eval_fell = before is not None and after is not None and after.accuracy < before.accuracy
+    # Each reward's moves are judged against the most it pays: a 0.004 rise is noise for a 1.0 reward
+    # and 2% of a 0.2 one.
+    rose = [(r, t) for r in shaping if (t := _trend(rows, r)) and t[1] > t[0] + FLAT_SHARE * r.max_reward]
+    answered = [(r, t) for r in answers if (t := _trend(rows, r))]
+    fell = [(r, t) for r, t in answered if t[1] < t[0] - FLAT_SHARE * r.max_reward]
+    if rose and (fell or eval_fell):
+        # When only the held-out accuracy fell, the answer rewards' flat trends are shown beside it.
+        clauses = [f"{r.metric} went {t[0]:.3f} -> {t[1]:.3f}" for r, t in (fell or answered)]
+        if eval_fell:
+            clauses.append(f"held-out accuracy {before.accuracy:.1%} -> {after.accuracy:.1%}")
+        findings.append(
+            Finding(
+                "reward_hacking",
+                f"{' and '.join(f'{r.metric} rose {t[0]:.3f} -> {t[1]:.3f}' for r, t in rose)} while "
+                f"{', '.join(clauses)}: the policy learns the format, not the task: "
+                f"{advise(lower('learning_rate'), raise_('beta'))}, and check the rewards pay only right answers",
+            )
+        )
+
+    if "cut_before_the_tag" in {f.name for f in findings}:
+        # Completions cut to a few tokens have no room to differ: the cut is the culprit, not the sampling.
+        findings = [f for f in findings if f.name != "no_diversity"]
+    findings += _proxy_hacking(rows, values, rewards, before, after)
+    findings += _reward_never_pays(rows, logged)
+    findings += _rollouts_not_from_policy(rows, values, advise)
+
+    # A flat reward that another finding explains (no signal, or one of the book's culprits) is not
+    # cured by a higher learning rate or more steps: it is not named twice.
+    explained = {"no_learning_signal", "cut_before_the_tag", "no_diversity", "reward_never_pays"}
+    if reward and not explained & {f.name for f in findings}:
+        first, _, _, last = quarters(reward)
+        improved = after is not None and before is not None and after.accuracy > before.accuracy
+        if abs(last - first) < FLAT_SHARE * most and not improved:
+            findings.append(
+                Finding(
+                    "reward_flat",
+                    f"the reward stayed at {first:.3f} -> {last:.3f} (first and last quarter) over {len(reward)} "
+                    f"steps: {advise(raise_('learning_rate'), raise_('max_steps'))}",
+                )
+            )
+
+    declared = {r.metric for r in logged}
+    undeclared = sorted({k for row in rows for k in row if REWARD_METRIC.fullmatch(k)} - declared)
+    if undeclared:
+        # Reported, not guessed at: with no maximum or role no rule can read it, and the run's maximum
+        # reward (what "flat" and "too easy" are measured against) leaves its payout out.
+        findings.append(
+            Finding(
+                "undeclared_reward",
+                f"{', '.join(undeclared)} logged, but the run's task declares only "
+                f"{', '.join(sorted(declared))}: no rule read it: declare it in the task's reward_funcs "
+                f"with task.rewards.declare_reward",
+            )
+        )
+    return findings
+
+
+MIN_STEPS = 4  # fewer logged steps than this tell nothing about a trend
+
+
+def _no_diversity(rows: Sequence[dict[str, float]], values: Mapping[str, Any], advise) -> list[Finding]:
+    """Groups whose completions are (nearly) all the same from the start: sampling with no spread, so
+    no completion beats its group and nothing is learned. Not a policy that converged (that comes late,
+    after learning): the first quarter is read."""
+    distinct, group = series(rows, "completions/distinct_share"), values.get("num_generations")
+    # A confident model samples the same answer often (the CPU stand-in writes 1 to 6 distinct ones of
+    # 16, one group a step): that still teaches. A group that is one completion, repeated, cannot.
+    # The first quarter, and at least the first MIN_STEPS steps: a short run's first quarter is one
+    # or two groups, and one group of a confident model can be one completion by chance.
+    early = distinct[: max(len(distinct) // 4, MIN_STEPS)]
+    if not distinct or not isinstance(group, int) or statistics.fmean(early) * group > NO_DIVERSITY:
+        return []
+    return [
+        Finding(
+            "no_diversity",
+            f"in the first {len(early)} steps a group of {group} held about {statistics.fmean(early) * group:.1f} distinct "
+            f"completions: one completion, repeated, so none could beat its group: the sampling temperature "
+            f"{values.get('temperature')} leaves the group no spread to learn from: {advise(raise_('temperature'))}",
+        )
+    ]
+
+
+def _reward_never_pays(rows: Sequence[dict[str, float]], rewards: Sequence[RewardInfo]) -> list[Finding]:
+    """A reward that paid nothing on any step while the completions held something that looks like the
+    answer tag: its parse rejects what the model writes (a reward silently returning zeros)."""
+    tagged = series(rows, "completions/tag_like_ratio")
+    if not tagged or statistics.fmean(tagged) < TAG_LIKE:
+        return []
+    silent = [r for r in rewards if (s := series(rows, r.metric)) and max(s) == 0.0]
+    if not silent:
+        return []
+    names = ", ".join(r.name for r in silent)
+    return [
+        Finding(
+            "reward_never_pays",
+            f"{names} paid nothing in {len(rows)} steps while {statistics.fmean(tagged):.0%} of completions held "
+            f"something that looks like the answer tag: the reward's parse rejects what the model writes: "
+            f"score a few of the run's completions by hand (its Traces tab) against the task's parse_answer, "
+            f"and fix the parse or what the prompt asks for",
+        )
+    ]
+
+
+def _rollouts_not_from_policy(
+    rows: Sequence[dict[str, float]], values: Mapping[str, Any], advise
+) -> list[Finding]:
+    """vLLM's log-probs of its own samples drift away from the trainer's as the adapter trains: the
+    rollouts come from another policy than the one being trained, the base when the adapter never
+    reaches vLLM (Unsloth PR 8701: losses look finite, nothing is learned). Read where it is logged:
+    a GPU run with `vllm_importance_sampling_correction` on."""
+    gap = series(rows, LOGP_METRIC)
+    if not gap:
+        return []
+    first, _, _, last = quarters(gap)
+    if last < LOGP_GAP or last < LOGP_GROWTH * max(first, 1e-9):
+        return []
+    kl = series(rows, "kl")
+    beside = f", beside a KL to the base of {quarters(kl)[3]:.3f}" if kl else ""
+    return [
+        Finding(
+            "rollouts_not_from_policy",
+            f"vLLM's log-probs of the completions it sampled drifted from the trainer's, {first:.3f} -> "
+            f"{last:.3f} nats per token (first and last quarter, {LOGP_METRIC}){beside}: the rollouts do "
+            "not come from the adapter being trained (the LoRA weights never reached vLLM): update unsloth "
+            f"and unsloth_zoo, or {advise(set_to('fast_inference', False))} to generate with the trainer's own model",
+        )
+    ]
+
+
+def _proxy_hacking(
+    rows: Sequence[dict[str, float]], values: Mapping[str, Any], trained: Sequence[RewardInfo], before, after
+) -> list[Finding]:
+    """reward_hacking by a proxy: a trained answer reward the task does not declare rose, while the
+    task's exact answer reward on the same completions (logged at weight 0) fell behind it, or, when
+    it was not logged, while held-out accuracy did not rise. Names the step the two parted."""
+    if values.get("task") is None:
+        return []
+    own = get_task(values["task"]).rewards
+    exact = [r for r in own if r.role is RewardRole.ANSWER]
+    proxies = [r for r in trained if r.role is RewardRole.ANSWER and r.name not in {o.name for o in own}]
+    held_out_rose = before is not None and after is not None and after.accuracy > before.accuracy
+    held_out = (
+        f", and held-out accuracy went {before.accuracy:.1%} -> {after.accuracy:.1%}"
+        if before is not None and after is not None
+        else ""
+    )
+    findings = []
+    for proxy in proxies:
+        paid = series(rows, proxy.metric)
+        trend = _trend(rows, proxy)
+        # A proxy that held its level while the exact reward fell is hacking too (measured: a loose
+        # checker that needs no tag kept paying while the policy dropped the tag and its accuracy).
+        if trend is None or trend[1] < trend[0] - FLAT_SHARE * proxy.max_reward:
+            continue
+        rose = trend[1] > trend[0] + FLAT_SHARE * proxy.max_reward
+        watched = next((r for r in exact if series(rows, r.metric)), None)
+        if watched is not None:
+            truth = series(rows, watched.metric)
+            n = min(len(paid), len(truth))
+            gap = [paid[i] / proxy.max_reward - truth[i] / watched.max_reward for i in range(n)]
+            first, _, _, last = quarters(gap)
+            if last - first < PROXY_GAP:
+                continue
+            start = onset(gap, [row.get("step", i + 1) for i, row in enumerate(rows) if proxy.metric in row])
+            t = _trend(rows, watched)
+            what = (
+                f"from step {start:g} {proxy.metric} {'rose' if rose else 'held'} {trend[0]:.3f} -> {trend[1]:.3f} "
+                f"while the task's own "
+                f"check on the same completions, {watched.metric}, went {t[0]:.3f} -> {t[1]:.3f}{held_out}"
+            )
+        elif rose and not held_out_rose and held_out:
+            what = f"{proxy.metric} rose {trend[0]:.3f} -> {trend[1]:.3f}{held_out}"
+        else:
+            continue
+        names = ", ".join(r.name for r in exact)
+        findings.append(
+            Finding(
+                "reward_hacking",
+                f"{what}: {proxy.name} pays completions the task calls wrong: train on the task's own "
+                f"{names} instead (score a few completions by both to see what {proxy.name} pays for)",
+            )
+        )
+    return findings
+
+
+def onset(gap: Sequence[float], steps: Sequence[float]) -> float:
+    """The step where a gap that widened over a run began to widen: the first whose window of the
+    next tenth of the run (at least 2 steps) averages a quarter of the way from the first quarter's
+    level to the last quarter's (a window, so one lucky step does not start it)."""
+    first, _, _, last = quarters(list(gap))
+    begun = first + (last - first) / 4
+    width = max(2, len(gap) // 10)
+    for i in range(len(gap)):
+        if statistics.fmean(gap[i : i + width]) >= begun:
+            return steps[i]
+    return steps[-1]
+
+
+def trends(
+    history: Sequence[dict[str, float]],
+    values: Mapping[str, Any],
+    reward_funcs: Sequence[RewardFunc] | None = None,
+    reward_weights: Sequence[float] | None = None,
+) -> str:
+    """Each reward the policy was paid, first quarter -> last quarter of its steps: the curves a reader
+    checks first ("correctness_reward 0.067 -> 0.446, format_reward 0.027 -> 0.184")."""
+    logged = run_rewards(values, reward_funcs)
+    weights = [1.0] * len(logged) if reward_weights is None else list(reward_weights)
+    rows = step_rows(history)
+    moved = [
+        f"{r.name} {t[0]:.3f} -> {t[1]:.3f}"
+        for r, w in zip(logged, weights, strict=True)
+        if w != 0 and (t := _trend(rows, r)) is not None
+    ]
+    return f"{', '.join(moved)} (first -> last quarter of {len(rows)} steps)" if moved else ""
+
+
+def verdict(
+    findings: list[Finding], before=None, after=None, steps: int | None = None, curves: str = ""
+) -> str:
+    """One paragraph for the summary and the run's description: the findings, or that there were none,
+    with the paid rewards' curves (`trends`) and the held-out accuracy before and after."""
+    if steps is not None and steps < MIN_STEPS:
+        return f"Run doctor: {steps} logged step(s) are too few to read a trend from (it needs {MIN_STEPS})."
+    held_out = f" Rewards: {curves}." if curves else ""
+    if before is not None and after is not None:
+        held_out += (
+            f" Held-out accuracy {before.accuracy:.1%} -> {after.accuracy:.1%}, format "
+            f"{before.format_rate:.1%} -> {after.format_rate:.1%} (base -> adapter)."
+        )
+    if not findings:
+        return "Run doctor: nothing held learning back." + held_out
+    return f"Run doctor: {len(findings)} finding(s).{held_out} " + " ".join(f"[{f}]" for f in findings)
