@@ -222,8 +222,9 @@ def test_standby_loads_vllm_in_sleep_mode_and_its_ledger_reads():
     import sys
 
     script = (
-        "import json, os; from grpolab import cuda_env; env = cuda_env.configure(True); "
-        "from grpolab import policy, vllm_ledger; from grpolab.config.settings import lab_settings; "
+        "import json, os; from grpolab.model import cuda_env; env = cuda_env.configure(True); "
+        "from grpolab.model import policy; from grpolab.memory import vllm_ledger; "
+        "from grpolab.config.settings import lab_settings; "
         "from grpolab.memory.tensors import vllm_engine; "
         "s = lab_settings('labs/grpo-first', 'gpu').replace(unsloth_vllm_standby=True); "
         "model, _ = policy.load_policy(s); engine = vllm_engine(model); "

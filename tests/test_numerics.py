@@ -72,7 +72,7 @@ def test_the_pin_gives_the_books_arithmetic_whatever_the_environment_asks():
     computes, once pinned, with 1 thread, AVX2 kernels and MKL's compatible branch; one that computed
     before the pin says it is not the book's."""
     pinned = subprocess.run(
-        [sys.executable, "-c", "from grpolab import numerics; print(numerics.pin().describe())"],
+        [sys.executable, "-c", "from grpolab.config import numerics; print(numerics.pin().describe())"],
         cwd=REPO_ROOT,
         env={**os.environ, **ELSEWHERE},
         capture_output=True,
@@ -85,7 +85,7 @@ def test_the_pin_gives_the_books_arithmetic_whatever_the_environment_asks():
             sys.executable,
             "-c",
             "import torch; torch.set_num_threads(2); a = torch.ones(64, 64); a @ a\n"
-            "from grpolab import numerics; numerics.pin(); print(numerics.current().describe())",
+            "from grpolab.config import numerics; numerics.pin(); print(numerics.current().describe())",
         ],
         cwd=REPO_ROOT,
         env={**os.environ, **ELSEWHERE},

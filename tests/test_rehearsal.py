@@ -63,7 +63,7 @@ def test_the_checkpoint_is_built_in_its_own_process_keeping_its_quantization_con
     source.mkdir()
     (source / "config.json").write_text(json.dumps(config))
     asking = (
-        "import json, sys; from pathlib import Path; from grpolab import rehearsal; "
+        "import json, sys; from pathlib import Path; from grpolab.model import rehearsal; "
         f"path, _ = rehearsal.build({str(source)!r}, Path({str(tmp_path / 'root')!r})); "
         "print(json.dumps([str(path), sorted(m for m in ('transformers', 'bitsandbytes', 'unsloth') "
         "if m in sys.modules)]))"
