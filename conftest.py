@@ -44,11 +44,17 @@ from suite import (
     LAST_LINE,
     OTHER_SIGNALS_AT,
     README_COUNTDOWN,
+    README_DATA_TASK,
     README_FLAGS,
+    README_GYM_TASK,
     README_MATRIX_QUICK,
     README_RECONCILE,
     README_RESUME,
     README_RUNS,
+    README_TASK_NEW,
+    README_TASK_TEST,
+    README_TASK_TRAIN,
+    REPO_ROOT,
     STOP_RUN,
     WAVE_TIMEOUT_S,
     Chapter,
@@ -56,6 +62,7 @@ from suite import (
     Lab,
     chapter_of,
     chapters,
+    command_words,
     fork_server,
     markers,
     script_and_args,
@@ -342,6 +349,34 @@ def _sqlite(folder: Path) -> str:
     return f"sqlite:///{folder / 'mlflow.db'}"
 
 
+# --- chapter 7's other ways in: a task file `task new` wrote, a data file, a reasoning-gym dataset ----
+def run_own_tasks(background: Background, _: str) -> dict:
+    """The README commands of chapter 7's page that train a task from outside the repository's task/, each
+    a lab forked from the preloaded parent into a store of its own, beside `task new`'s file and its tests
+    (run by `uv run pytest` in a process of their own, as a reader runs them)."""
+    import subprocess
+
+    folder = background.folder("own-tasks")
+    made = subprocess.run(
+        [*command_words(README_TASK_NEW), "--dir", str(folder)], cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    labs = {}
+    commands = {
+        "file": script_and_args(README_TASK_TRAIN),
+        "data": script_and_args(README_DATA_TASK),
+        "gym": script_and_args(README_GYM_TASK),
+    }
+    for key, (script, args) in commands.items():
+        args = [str(folder / arg) if arg == "demo.py" else arg for arg in args]
+        store = folder / key
+        store.mkdir(exist_ok=True)
+        labs[key] = Lab(key, script, [*args, "--output-dir", str(store / "outputs")], _sqlite(store), store)
+    words = [str(folder / w) if w == "test_demo.py" else w for w in command_words(README_TASK_TEST)]
+    tested = subprocess.run(words, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    codes = {key: lab.wait(timeout=CHAPTER_TIMEOUT_S) for key, lab in labs.items()}
+    return {"folder": folder, "made": made, "tested": tested, "labs": labs, "codes": codes}
+
+
 # --- a sketched chapter (tests/test_chapters.py): a copy of the repository and a pytest of its own ------
 def run_sketch(background: Background, _: str) -> dict:
     """Minutes of a loaded machine's wall clock, waiting on a subprocess: beside the rest, not in the
@@ -358,6 +393,7 @@ JOBS: dict[str, Callable[[Background, str], Any]] = {
     "stops": run_stops,
     "matrix_quick": run_matrix_quick,
     "sketch": run_sketch,
+    "own_tasks": run_own_tasks,
 }
 # Fixtures that read a background run, and the run each reads.
 BACKGROUND_FIXTURES = {
@@ -367,6 +403,7 @@ BACKGROUND_FIXTURES = {
     "stops": "stops",
     "matrix_quick": "matrix_quick",
     "sketched": "sketch",
+    "own_tasks": "own_tasks",
 }
 
 
@@ -441,7 +478,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 def _expected_order(key: str) -> tuple[int, str]:
     """Tests that read the quicker runs go first: the wave, then the chapters in the README's order."""
-    if key in ("wave", "culprits", "matrix_quick", "sketch"):
+    if key in ("wave", "culprits", "matrix_quick", "sketch", "own_tasks"):
         return (0, key)
     names = [c.name for c in chapters()]
     name = key.partition(":")[2]
@@ -525,6 +562,11 @@ def wave(background: Background) -> dict:
 @pytest.fixture(scope="session")
 def culprits(background: Background) -> dict:
     return background.result("culprits")
+
+
+@pytest.fixture(scope="session")
+def own_tasks(background: Background) -> dict:
+    return background.result("own_tasks")
 
 
 @pytest.fixture(scope="session")

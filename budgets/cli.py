@@ -44,6 +44,7 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--task", help=HELP["task"])
+    ap.add_argument("--task-config", default=None, help=HELP["task_config"])
     settings = ap.add_argument_group("settings (Plan fields; lab.toml uses the same names)")
     hints = typing.get_type_hints(Plan)
     for f in fields(Plan):
@@ -80,7 +81,9 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         from task.dataset import chatml_chars
 
         try:
-            given["max_prompt_length"] = chatml_chars(get_task(args.task).worst_case_prompt())
+            given["max_prompt_length"] = chatml_chars(
+                get_task(args.task, args.task_config).worst_case_prompt()
+            )
         except UnknownTaskError as err:
             raise BudgetError(f"task: {err}") from None
     if given.get("gpu") == "cpu":

@@ -19,7 +19,14 @@ HELP: dict[str, str] = {
     # --- the chapter and the task --------------------------------------------------------------
     "chapter": "the chapter's name: its MLflow experiment and output folder",
     "profile": "gpu (the real run) or cpu (the tiny stand-in)",
-    "task": "the task to learn, from task.TASKS (its longest prompt sets max_prompt_length)",
+    "task": (
+        "the task to learn: one of task.TASKS, a task file (my_task.py), a data file (.jsonl, .csv, .parquet) "
+        "or reasoning-gym:<dataset> (its longest prompt sets max_prompt_length)"
+    ),
+    "task_config": (
+        'the task\'s config, JSON: a data file\'s columns and checker ({"question": "q", "answer": "a", '
+        '"checker": "number"}), a reasoning-gym dataset\'s arguments'
+    ),
     # --- the model -----------------------------------------------------------------------------
     "model": "a Hub id, a local model folder or config.json, or a shipped shape (tiny-qwen3: the CPU stand-in)",
     "load_in_4bit": "bitsandbytes NF4 base weights (false: 16-bit)",

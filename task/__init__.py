@@ -23,19 +23,28 @@ GPU::
     t.max_reward                      # the most one completion can earn: 1.2
     t.max_prompt_chars()              # characters of the longest prompt's messages (template not counted)
 
-A new task is a module beside ``addition.py`` (system prompt, builders, ``worst_case_prompt``,
-``parse_answer`` and the two rewards, each declared) and one ``Task`` entry in ``TASKS``.
+A new task of the book's is a module beside ``addition.py`` (system prompt, builders,
+``worst_case_prompt``, ``parse_answer`` and the two rewards, each declared) and one ``Task`` entry in
+``TASKS``. A reader's task needs no change here: ``get_task`` also takes a Python file that keeps the
+same protocol (``task.custom``), a data file with a checker (``task.datafile``) or one of
+reasoning-gym's datasets (``task.gym``), and ``python -m task check`` checks any of them before a run
+pays for it (``task.check``)::
+
+    get_task("my_task.py")                                        # a file of the reader's own
+    get_task("questions.jsonl", {"checker": "number"})            # a data file, its checker
+    get_task("reasoning-gym:basic_arithmetic", {"max_terms": 3})  # a procedural dataset
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from functools import partial
-from typing import TYPE_CHECKING, Any
+import json
+from collections.abc import Mapping
+from functools import lru_cache, partial
+from pathlib import Path
+from typing import Any
 
 from task import addition, countdown, lastdigit, sorting
-from task.dataset import prompt_chars
+from task.protocol import Task, UnknownTaskError
 from task.rewards import (
     REWARDS,
     RewardInfo,
@@ -47,83 +56,6 @@ from task.rewards import (
     parse_answer,
     reward_info,
 )
-
-if TYPE_CHECKING:
-    import datasets
-
-
-@dataclass(frozen=True)
-class Task:
-    """One verifiable task: how to build its prompts and how to score completions.
-
-    Parameters that describe the task:
-        name: the registry key, the lab's ``task`` setting.
-        description: one line for people: what is asked and what the answer looks like.
-        system_prompt: the system turn of every prompt.
-    Parameters that build prompts (conversational rows; same (n, seed), same rows; n >= 1):
-        build_dataset: ``(n, seed) -> Dataset`` of training rows.
-        build_eval_dataset: ``(n, seed) -> Dataset`` of held-out rows; no row's problem (up to order
-            where order does not matter) is in any training set, whatever the seeds.
-        worst_case_prompt: ``() -> messages``, the longest prompt the builders can make;
-            ``max_prompt_chars()`` counts its characters.
-    Parameters that score completions:
-        reward_funcs: ``(correctness_reward, format_reward)``, each
-            ``(prompts, completions, **columns) -> list[float]``, total: one float per completion,
-            and declared with ``declare_reward``; their names distinct, at least one an answer reward.
-        reward_columns: the dataset columns the rewards read besides prompts and completions.
-        parse_answer: ``text -> answer | None``, the one parser both rewards use.
-        reference_answer: ``row -> str``, a correct answer for a row (what goes inside the tag).
-    """
-
-    name: str
-    system_prompt: str
-    build_dataset: Callable[[int, int], datasets.Dataset]
-    reward_funcs: tuple[Callable[..., list[float]], ...]
-    description: str
-    build_eval_dataset: Callable[[int, int], datasets.Dataset]
-    worst_case_prompt: Callable[[], list[dict[str, str]]]
-    reward_columns: tuple[str, ...]
-    parse_answer: Callable[[str], Any]
-    reference_answer: Callable[[dict[str, Any]], str]
-
-    def __post_init__(self) -> None:
-        # Checked when the task is built (at import for the registry's): a reward nobody declared, or
-        # two logged under one name, would otherwise reach the run doctor's verdicts unread.
-        names = [r.name for r in self.rewards]
-        if len(set(names)) != len(names):
-            raise ValueError(
-                f"task {self.name!r}: TRL logs one metric per name, and rewards share one: {names}"
-            )
-        if not any(r.role is RewardRole.ANSWER for r in self.rewards):
-            raise ValueError(f"task {self.name!r}: no reward is declared an answer reward: {names}")
-
-    @property
-    def rewards(self) -> tuple[RewardInfo, ...]:
-        """The declarations of ``reward_funcs``, in the same order."""
-        return tuple(reward_info(f) for f in self.reward_funcs)
-
-    @property
-    def max_reward(self) -> float:
-        """The most one completion can earn: TRL's ``reward`` is the sum of the rewards (weights 1)."""
-        return sum(r.max_reward for r in self.rewards)
-
-    def max_prompt_chars(self) -> int:
-        """Characters in the longest prompt's messages, system and user, without the chat template.
-
-        Every row's prompt is at most this long. With a character-level tokenizer (the CPU profile's
-        tiny model) it bounds the prompt's tokens once the template's own tokens are added; for a
-        real chat template, render ``worst_case_prompt()`` through it and count.
-        """
-        return prompt_chars(self.worst_case_prompt())
-
-
-class UnknownTaskError(KeyError, ValueError):
-    """A task name not in ``TASKS``; a KeyError for lookups, a ValueError for argument checks."""
-
-    def __str__(self) -> str:
-        # KeyError.__str__ would quote the message like a key; print it as the plain sentence it is.
-        return str(self.args[0]) if self.args else ""
-
 
 ADDITION = Task(
     name=addition.NAME,
@@ -202,13 +134,78 @@ LASTDIGIT = Task(
 TASKS: dict[str, Task] = {t.name: t for t in (ADDITION, SMALL_ADDITION, COUNTDOWN, SORTING, LASTDIGIT)}
 
 
-def get_task(name: str) -> Task:
-    """The task registered under ``name``; UnknownTaskError lists the known ones."""
-    try:
+# What a task spec names besides the registry: a task file, a data file, or a reasoning-gym dataset.
+DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+
+
+def is_path(spec: str) -> bool:
+    """Whether a task spec names a file (a task file or a data file) rather than a registered task."""
+    return isinstance(spec, str) and spec.lower().endswith((".py", *DATA_SUFFIXES))
+
+
+def task_config(config: str | Mapping[str, Any] | None) -> dict[str, Any]:
+    """A task's config from JSON text or a mapping; a one-line ValueError for anything else."""
+    if config is None or config == "":
+        return {}
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f'task_config: not JSON ({error.msg}): pass an object, e.g. \'{{"checker": "number"}}\''
+            ) from None
+    if not isinstance(config, Mapping):
+        raise ValueError(f"task_config: a JSON object is needed, got {type(config).__name__}")
+    return dict(config)
+
+
+def get_task(name: str, config: str | Mapping[str, Any] | None = None) -> Task:
+    """The task a spec names: a registered task (``TASKS``), a Python task file (``my_task.py``), a data
+    file (``.jsonl``, ``.json``, ``.csv``, ``.parquet``, with ``config`` naming its columns and checker),
+    or ``reasoning-gym:<dataset>`` (``config``: the dataset's own arguments). UnknownTaskError when it
+    names none of them; a one-line ValueError for a file or config that cannot make a task. The same
+    spec and config give the same Task object in a process (its reward functions are the ones TRL logs)."""
+    settings = task_config(config)
+    if isinstance(name, str) and name in TASKS:
+        if settings:
+            raise ValueError(
+                f"task_config: the book's task {name!r} takes no config, got {json.dumps(settings)}"
+            )
         return TASKS[name]
-    except (KeyError, TypeError):  # TypeError: an unhashable name is just as unknown.
-        known = ", ".join(sorted(TASKS))
-        raise UnknownTaskError(f"unknown task {name!r}; known tasks: {known}") from None
+    if isinstance(name, str) and (is_path(name) or name.startswith("reasoning-gym:")):
+        key = json.dumps(settings, sort_keys=True)
+        if is_path(name):
+            path = Path(name).expanduser().resolve()
+            stat = path.stat() if path.is_file() else None
+            return _load(str(path), key, (stat.st_mtime_ns, stat.st_size) if stat else None)
+        return _load(name, key, None)
+    known = ", ".join(sorted(TASKS))
+    raise UnknownTaskError(
+        f"unknown task {name!r}; known tasks: {known}, or a task file (my_task.py), a data file (.jsonl, .json, "
+        ".csv, .parquet) or reasoning-gym:<dataset>"
+    )
+
+
+@lru_cache(maxsize=32)
+def _load(spec: str, config_json: str, version: Any) -> Task:
+    """A task from outside the registry, once per spec, config and file version (`version`)."""
+    config = json.loads(config_json)
+    if spec.startswith("reasoning-gym:"):
+        from task.gym import gym_task
+
+        return gym_task(spec, config)
+    path = Path(spec)
+    if path.suffix.lower() == ".py":
+        if config:
+            raise ValueError(
+                f"task_config: a task file takes no config (its file is its config), got {config_json}"
+            )
+        from task.custom import file_task
+
+        return file_task(path)
+    from task.datafile import data_task
+
+    return data_task(path, config)
 
 
 __all__ = [
@@ -228,6 +225,8 @@ __all__ = [
     "declare_reward",
     "format_reward",
     "get_task",
+    "is_path",
     "parse_answer",
     "reward_info",
+    "task_config",
 ]

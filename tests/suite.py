@@ -423,6 +423,19 @@ README_MATRIX_QUICK = (
 README_RECONCILE = "uv run python -m grpolab runs --reconcile"
 README_RESUME = "uv run python labs/grpo-first/train.py --resume last"
 README_COUNTDOWN = "uv run python labs/grpo-first/train.py --task countdown"
+# Chapter 7's three ways in besides its own command (labs/grpo-own-task/README.md): a task file from
+# `task new` (trained, and its own tests run), a data file with a checker, a reasoning-gym dataset.
+README_TASK_NEW = "uv run python -m task new demo"
+README_TASK_TRAIN = "uv run python labs/grpo-first/train.py --task demo.py --max-steps 8"
+README_TASK_TEST = "uv run pytest test_demo.py"
+README_DATA_TASK = (
+    "uv run python labs/grpo-first/train.py --task labs/grpo-own-task/products.jsonl "
+    '--task-config \'{"checker": "integer"}\' --max-steps 8'
+)
+README_GYM_TASK = (
+    "uv run python labs/grpo-first/train.py --task reasoning-gym:basic_arithmetic "
+    '--task-config \'{"max_terms": 2, "max_digits": 1}\' --max-steps 8'
+)
 
 
 # --- a lab in this process ------------------------------------------------------------------------

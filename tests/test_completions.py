@@ -15,12 +15,14 @@ import mlflow
 import pytest
 
 from budgets.units import MIB
+from grpolab.config.settings import lab_settings
 from grpolab.judging import completions, overview
 from grpolab.judging.evaluate import EvalResult, eval_rows
 from grpolab.lab import console
 from grpolab.lifecycle import tracking
 from grpolab.memory import names as memory_names
 
+from suite import LAB_DIR
 from suite import sample_comparison as comparison
 
 
@@ -87,7 +89,7 @@ def test_each_logged_group_is_a_trace_of_the_run_with_its_rewards_and_advantages
 
 
 def test_held_out_completions_of_base_and_adapter_side_by_side(store):
-    settings = SimpleNamespace(task="addition", eval_prompts=3, seed=0)
+    settings = lab_settings(LAB_DIR, "cpu").replace(task="addition", eval_prompts=3, seed=0)
 
     def result(which, texts):
         return EvalResult(

@@ -35,6 +35,10 @@ def assert_refused_cleanly(result, tmp_path, words: str) -> None:
         (["--max-completion-length", "4096"], "leaves no room for the prompt"),
         (["--model", "/nowhere/model"], "no model at '/nowhere/model'"),
         (["--task", "chess"], "unknown task 'chess'"),
+        (["--task", "reasoning-gym:chess"], "reasoning-gym has no dataset 'chess'"),
+        (["--task", "nowhere.jsonl"], "nowhere.jsonl: no such file"),
+        (["--task-config", "{not json"], "task_config: not JSON"),
+        (["--task-config", '{"checker": "number"}'], "the book's task 'small-addition' takes no config"),
         (["--num-generations", "many"], "invalid int value"),
         (["--fast-inference", "perhaps"], "expected true or false"),
     ],
@@ -53,3 +57,18 @@ def test_prompts_that_cannot_fit_are_refused_before_the_run(lab_module, stack, t
 def test_forcing_the_real_profile_without_a_gpu_fails_at_once(lab_module, tmp_path):
     result = refused(lab_module, ["--profile", "gpu"], tmp_path)
     assert_refused_cleanly(result, tmp_path, "--profile gpu needs a CUDA GPU")
+
+
+def test_a_task_whose_reward_runs_the_completion_is_refused_before_anything_loads(lab_module, tmp_path):
+    """The task check's fast part, before the sheet's model loads: a task file whose reward evaluates
+    the answer (Python's eval) is refused by name, with the command that shows every check."""
+    from task.__main__ import new
+
+    path, _ = new("evaluates", tmp_path / "task")
+    text = path.read_text()
+    fault = "completions, parse_answer, lambda answer"
+    assert fault in text
+    path.write_text(text.replace(fault, "completions, lambda text: eval(answer_span(text) or '0'), lambda answer"))
+    result = refused(lab_module, ["--profile", "cpu", "--task", str(path)], tmp_path)
+    assert_refused_cleanly(result, tmp_path, "task check: evaluates failed code")
+    assert f"uv run python -m task check {path}" in result.stderr and "--ignore-task-check" in result.stderr

@@ -78,15 +78,20 @@ BEFORE_THE_RECIPE = json.loads(
 # stand-in learns a sum it can hold, at a learning rate that keeps what it knows, for 80 steps (every
 # seed climbs, issue 30), scored on more held-out prompts (its lab.toml); on a GPU, every chapter holds vLLM's log-probs against the trainer's,
 # so the run doctor can tell whether the rollouts are the adapter's (the recipe).
+# Every chapter has a task_config since chapter 7 (a task from a data file or reasoning-gym takes one):
+# the book's tasks take none.
 ON_A_GPU = {"vllm_importance_sampling_correction": "true"}
+NO_TASK_CONFIG = {"task_config": "{}"}
 CHANGED_SINCE = {
+    **{key: NO_TASK_CONFIG for key in BEFORE_THE_RECIPE},
     "grpo-first/cpu": {
         "task": "small-addition",
         "learning_rate": "0.003",
         "max_steps": "80",
         "eval_prompts": "64",
+        **NO_TASK_CONFIG,
     },
-    **{key: ON_A_GPU for key in BEFORE_THE_RECIPE if key.endswith("/gpu")},
+    **{key: ON_A_GPU | NO_TASK_CONFIG for key in BEFORE_THE_RECIPE if key.endswith("/gpu")},
 }
 
 

@@ -28,6 +28,11 @@ def parser(description: str) -> argparse.ArgumentParser:
     run = ap.add_argument_group("the run")
     run.add_argument("--output-dir", type=Path, default=OUTPUTS, help="adapters and checkpoints")
     run.add_argument("--ignore-budget", action="store_true", help="start even when the budget says no")
+    run.add_argument(
+        "--ignore-task-check",
+        action="store_true",
+        help="train even when the task check fails (its tag task_check says so)",
+    )
     run.add_argument("--memory-sample-ms", type=float, default=5.0, help="how often the memory probe samples")
     run.add_argument(
         "--system-metrics-interval",

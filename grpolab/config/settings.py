@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import tomllib
 import typing
 from collections.abc import Mapping
@@ -44,7 +45,7 @@ class LabSettings:
     """What one profile of a lab trains with.
 
     Parameters that control the task and the model:
-        task, model, gpu, load_in_4bit, dtype, fast_inference, max_seq_length, gpu_memory_utilization,
+        task, task_config, model, gpu, load_in_4bit, dtype, fast_inference, max_seq_length, gpu_memory_utilization,
         lora_rank, lora_alpha, max_lora_rank, target_modules, use_gradient_checkpointing
     Parameters that control generation (the group):
         num_generations, max_completion_length, temperature, top_p
@@ -100,6 +101,7 @@ class LabSettings:
     logging_steps: int = setting()
     save_steps: int = setting()
     # --- optional -----------------------------------------------------------------------------
+    task_config: str = setting(default="{}")
     unsloth_vllm_standby: bool = setting(default=False)
     other_processes_gib: float = setting(default=0.0)
     # --- what the chapter declares (lab.toml only: not a flag, not a param) ------------------------
@@ -118,9 +120,13 @@ class LabSettings:
         """The budget's prompt length: the task's longest prompt, rendered in the ChatML turns Qwen3
         uses, counted as one token per character (a token is at least a character, so this bounds any
         tokenizer's count), and never more than prompt_room."""
+        return min(self.prompt_room, chatml_chars(self.get_task().worst_case_prompt()))
+
+    def get_task(self):
+        """The task these settings train (task.get_task of `task` and `task_config`)."""
         from task import get_task
 
-        return min(self.prompt_room, chatml_chars(get_task(self.task).worst_case_prompt()))
+        return get_task(self.task, self.task_config)
 
     @property
     def generation_batch_size(self) -> int:
@@ -239,8 +245,26 @@ def lab_settings(
     if missing:
         raise LabSettingsError(f"{path} and the recipe ({RECIPE.name}) leave {', '.join(missing)} unset")
     values["target_modules"] = tuple(values["target_modules"])
+    values.update(_task_values(values, given, Path(lab_dir)))
     values["use_gradient_checkpointing"] = flag_text(values["use_gradient_checkpointing"])
     return LabSettings(**values, lab_dir=str(lab_dir), overridden=frozenset(given))
+
+
+def _task_values(values: dict[str, Any], given: Mapping[str, Any], lab_dir: Path) -> dict[str, Any]:
+    """The task as a run records it: a file named in lab.toml is relative to the chapter's folder, one
+    given on the command line to the current folder, and either is kept as an absolute path; a
+    `task_config` written as a TOML table is kept as JSON."""
+    from task import is_path
+
+    out: dict[str, Any] = {}
+    task = values.get("task")
+    if isinstance(task, str) and is_path(task):
+        base = Path.cwd() if "task" in given else lab_dir
+        out["task"] = str((base / Path(task).expanduser()).resolve())
+    config = values.get("task_config")
+    if isinstance(config, Mapping):
+        out["task_config"] = json.dumps(dict(config), sort_keys=True)
+    return out
 
 
 def check(s: LabSettings) -> None:
@@ -252,11 +276,13 @@ def check(s: LabSettings) -> None:
     from budgets import BudgetError
     from budgets.plan import resolve
     from grpolab.config.layouts import require_runnable
-    from task import TASKS
 
     require_runnable(s.layout)
-    if s.task not in TASKS:
-        raise LabSettingsError(f"task: unknown task {s.task!r}; pass --task with one of {', '.join(TASKS)}")
+    try:
+        s.get_task()
+    except (KeyError, ValueError, OSError) as err:  # an unknown name, a file or config that makes no task
+        text = str(err).strip()
+        raise LabSettingsError(text if text.startswith("task_config:") else f"task: {text}") from None
     for name in (
         "max_steps",
         "num_prompts",

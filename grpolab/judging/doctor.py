@@ -105,7 +105,7 @@ def run_rewards(
             # No guess: every threshold scales with the rewards' maxima, and a wrong task's rewards
             # would give confident, wrong verdicts (or none) instead of an error.
             raise ValueError("the run doctor needs the run's task: values['task'], or reward_funcs=")
-        reward_funcs = get_task(values["task"]).reward_funcs
+        reward_funcs = get_task(values["task"], values.get("task_config")).reward_funcs
     return tuple(reward_info(f) for f in reward_funcs)
 
 
@@ -383,7 +383,7 @@ def _proxy_hacking(
     it was not logged, while held-out accuracy did not rise. Names the step the two parted."""
     if values.get("task") is None:
         return []
-    own = get_task(values["task"]).rewards
+    own = get_task(values["task"], values.get("task_config")).rewards
     exact = [r for r in own if r.role is RewardRole.ANSWER]
     proxies = [r for r in trained if r.role is RewardRole.ANSWER and r.name not in {o.name for o in own}]
     held_out_rose = before is not None and after is not None and after.accuracy > before.accuracy

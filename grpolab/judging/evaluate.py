@@ -54,9 +54,8 @@ class EvalResult:
 
 
 def eval_rows(settings) -> Any:
-    from task import get_task
 
-    return get_task(settings.task).build_eval_dataset(settings.eval_prompts, settings.seed)
+    return settings.get_task().build_eval_dataset(settings.eval_prompts, settings.seed)
 
 
 def held_out_prompts(tokenizer, rows) -> list[str]:
@@ -76,9 +75,9 @@ def score(
 ) -> EvalResult:
     """The task's own rewards on one completion per held-out prompt; `reward_funcs` (the run's, when
     it trained on rewards the task does not declare) are scored beside them, never in its accuracy."""
-    from task import RewardRole, get_task, reward_info
+    from task import RewardRole, reward_info
 
-    task = get_task(settings.task)
+    task = settings.get_task()
     n = len(completions)
     funcs = {reward_info(f).name: f for f in (*task.reward_funcs, *reward_funcs)}
     # Every column the rows hold, as TRL hands them to rewards: one the task does not declare may

@@ -109,10 +109,16 @@ def held_out_table(evals: Mapping) -> str:
 
 
 def description(
-    run_id: str, c: Comparison, doctor: str, evals: Mapping, status: str = "FINISHED", chart: bool = True
+    run_id: str,
+    c: Comparison,
+    doctor: str,
+    evals: Mapping,
+    status: str = "FINISHED",
+    chart: bool = True,
+    task: str = "",
 ) -> str:
-    """The run's description: verdict, figure (rewards beside memory), table, doctor, held-out, where
-    the completions are."""
+    """The run's description: verdict, figure (rewards beside memory), table, doctor, held-out, the
+    task check's verdict (`task`), where the completions are."""
     verdict = c.verdict() + ("" if status == "FINISHED" else f" (run ended {status}: figures so far)")
     # The verdict before the figure: MLflow 3.17 folds a description to its first 100 pixels until
     # "Show more" is clicked, and the sentence (the total's budget beside its measured peak) fits them.
@@ -123,6 +129,7 @@ def description(
         f"Full table with each line's formula: `{TABLE}`; the memory chart alone: `{CHART}`.",
         doctor,
         held_out_table(evals),
+        f"{task[:1].upper()}{task[1:]} (every check: `task_check/table.md`)." if task else "",
         "What the model wrote: the **Traces** tab, one trace per group of a logged step (its prompt, every "
         "completion with each reward and its advantage; each reward's group mean as an assessment, and a "
         "span per completion with its own); the held-out prompts answered by base and adapter side by "

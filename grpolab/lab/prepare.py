@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 
 from grpolab.config.settings import FLAGS, LabSettings, LabSettingsError, check, lab_settings, overrides_from
+from grpolab.judging import task_check
 
 
 def prepare(lab_dir: Path, args: argparse.Namespace, resume=None):
@@ -43,6 +44,8 @@ def prepare(lab_dir: Path, args: argparse.Namespace, resume=None):
     else:
         settings = lab_settings(lab_dir, profile, overrides_from(args))
     check(settings)
+    # The task before anything loads: a reward that raises, runs the completion or pays a non-answer.
+    task_check.preflight(settings, getattr(args, "ignore_task_check", False))
     cannot: list[str] = []
     if args.rehearse:
         from grpolab.model.rehearsal import rehearsal_settings
@@ -168,10 +171,8 @@ def prompts(s: LabSettings):
     # isort: split
     from transformers import AutoTokenizer
 
-    from task import get_task
-
-    tokenizer = AutoTokenizer.from_pretrained(policy.resolve_model_path(s.model, s.task))
-    dataset = get_task(s.task).build_dataset(s.num_prompts, s.seed)
+    tokenizer = AutoTokenizer.from_pretrained(policy.resolve_model_path(s.model, s.task, s.task_config))
+    dataset = s.get_task().build_dataset(s.num_prompts, s.seed)
 
     def prompt_tokens(row: dict) -> dict:
         text = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)

@@ -38,6 +38,7 @@ class Run:
     findings: list[Any] = field(default_factory=list)  # the run doctor's, once the run has ended
     resume: Any = None  # grpolab.lifecycle.resume.Resume: the interrupted run this one continues
     boundary: Any = None  # grpolab.lifecycle.checkpoints.StepBoundary: each step's bookkeeping kept whole
+    task_check: Any = None  # task.check.Report: the whole check of the task, logged when the run opened
 
     @property
     def measure_step(self) -> int:
@@ -57,9 +58,8 @@ class Run:
 
     @property
     def task(self):
-        from task import get_task
 
-        return get_task(self.settings.task)
+        return self.settings.get_task()
 
     def load_policy(self):
         """The 4-bit base with its LoRA adapter, loaded and measured as the "load" phase."""

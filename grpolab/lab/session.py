@@ -152,6 +152,7 @@ def session(
     checkpoint), and raises OutOfMemory with the next step. With `resume` (grpolab.lifecycle.resume.Resume) the
     interrupted run's MLflow run is reopened and training continues from its checkpoint.
     """
+    from grpolab.judging import task_check
     from grpolab.lab.meter import Meter
     from grpolab.lifecycle import endings, tracking
     from grpolab.memory.oom import is_out_of_memory, log_out_of_memory
@@ -202,6 +203,7 @@ def session(
                 mlflow.set_tag("cuda_allocator_settings", allocator_settings())
             if resume is None:
                 tracking.log_sheet(sheet, device.on_gpu)
+                run.task_check = task_check.log(settings, getattr(args, "ignore_task_check", False))
             else:
                 _reopen(run, resume)
             endings.STOPS.now("the run's set-up")  # the lesson's own steps each name their phase
@@ -412,7 +414,8 @@ def _log_measurement(run: Run, status: str, doctor: str = "", ending: str = "fin
     # The Overview: verdict, the rewards per step beside the memory, per-line table, doctor, held-out
     # (grpolab.judging.overview).
     opening = overview.figure(c, meter.history, meter.step_peaks, run.sheet.total_bytes)
-    note = overview.description(run.mlflow_run.info.run_id, c, doctor, run.evals, status)
+    checked = run.task_check.verdict() if run.task_check is not None else ""
+    note = overview.description(run.mlflow_run.info.run_id, c, doctor, run.evals, status, task=checked)
     extra = meter.probe.summary()
     if run.device.on_gpu:
         # The phases standby changes, budget beside measured, and vLLM's own start-up figures.

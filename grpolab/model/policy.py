@@ -29,11 +29,11 @@ from grpolab.model.unsloth_trainer import keep_float32
 from grpolab.tiny_model import ensure_tiny_model
 
 
-def resolve_model_path(model: str, task: str | None = None) -> str:
+def resolve_model_path(model: str, task: str | None = None, config: str | None = None) -> str:
     """The tiny CPU model is built and cached on first use (the one for `task`: the book's for the
     book's tasks, grpolab.tiny_model); anything else is a path or a Hub id."""
     if model == "tiny-qwen3":
-        return str(ensure_tiny_model(task=task))
+        return str(ensure_tiny_model(task=task, config=config))
     path = Path(model).expanduser()
     return str(path) if path.exists() else model
 
@@ -66,7 +66,7 @@ def load_model(model_name: str, s: LabSettings):
 
 def load_policy(s: LabSettings):
     """Return (model, tokenizer): the 4-bit base with trainable LoRA adapters attached."""
-    model, tokenizer = load_model(resolve_model_path(s.model, s.task), s)
+    model, tokenizer = load_model(resolve_model_path(s.model, s.task, s.task_config), s)
     model = FastLanguageModel.get_peft_model(
         model,
         r=s.lora_rank,

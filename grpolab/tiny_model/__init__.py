@@ -160,13 +160,15 @@ def warm_start_texts(tokenizer, seed: int = BUILD_SEED) -> list[tuple[str, str]]
     return pairs
 
 
-def own_task_texts(tokenizer, task: str, seed: int = BUILD_SEED) -> list[tuple[str, str]]:
+def own_task_texts(
+    tokenizer, task: str, seed: int = BUILD_SEED, config: str | None = None
+) -> list[tuple[str, str]]:
     """(prompt, completion) pairs of a task outside the book's (its training split only): a share
     `known` answered right, `echo` the prompt's number repeated, the rest another row's answer."""
     from task import get_task
 
     rng = random.Random(seed)
-    t, recipe = get_task(task), own_recipe(task)
+    t, recipe = get_task(task, config), own_recipe(task)
     rows = t.build_dataset(recipe["rows"], seed + 1)
     answers = [t.reference_answer(row) for row in rows]
     tagged = recipe.get("tagged", WARM_START["tagged"])
@@ -225,11 +227,13 @@ def warm_start(model, tokenizer, pairs: list[tuple[str, str]], steps: int, seed:
     return float(loss.detach())
 
 
-def recipe_hash(task: str | None = None) -> str:
+def recipe_hash(task: str | None = None, config: str | None = None) -> str:
     """Changes whenever what the cached model is made of changes: the shape, the tokens, the template,
     the warm start and the tasks' prompts; for a task of its own, also the book's stand-in it starts
-    from and that task's rows (how often right, how often echoed)."""
-    from task import get_task
+    from and that task's rows (how often right, how often echoed). A task from outside the registry
+    (a file, a data file, reasoning-gym) is named by its rows, not by where its file lies, so every
+    clone of the repository shares its stand-in."""
+    from task import TASKS, get_task
 
     recipe = {
         "config": tiny_config_dict(),
@@ -244,9 +248,14 @@ def recipe_hash(task: str | None = None) -> str:
     }
     if not _own(task):  # the book's stand-in keeps the name it has always had
         return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+    t = get_task(task, config)
+    described = [task, t.system_prompt, t.worst_case_prompt()]
+    if task not in TASKS:  # its content, not its name or its path: the same task, the same stand-in
+        rows = t.build_dataset(own_recipe(task)["rows"], BUILD_SEED + 1)
+        described = [t.system_prompt, t.worst_case_prompt(), _rows_digest(t, rows)]
     own = {
         "from": recipe_hash(),
-        "task": [task, get_task(task).system_prompt, get_task(task).worst_case_prompt()],
+        "task": described,
         "own_task": own_recipe(task),
         "warm_start": WARM_START,
         "seed": BUILD_SEED,
@@ -254,14 +263,21 @@ def recipe_hash(task: str | None = None) -> str:
     return hashlib.sha256(json.dumps(own, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def default_cache(task: str | None = None) -> Path:
+def _rows_digest(t, rows) -> str:
+    text = json.dumps(
+        [[row["prompt"], t.reference_answer(row), row.get("number")] for row in rows], default=str
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def default_cache(task: str | None = None, config: str | None = None) -> Path:
     """Where the stand-in for a run on `task` is cached (the book's, for the book's tasks)."""
-    return cache_root() / f"tiny-qwen3-{recipe_hash(task)}"
+    return cache_root() / f"tiny-qwen3-{recipe_hash(task, config)}"
 
 
-def shipped_weights(task: str | None = None) -> Path:
+def shipped_weights(task: str | None = None, config: str | None = None) -> Path:
     """Where the repository ships the weights of the stand-in for `task` (`--ship` writes them)."""
-    return SHIPPED / f"tiny-qwen3-{recipe_hash(task)}.safetensors"
+    return SHIPPED / f"tiny-qwen3-{recipe_hash(task, config)}.safetensors"
 
 
 def weights_sha256(path: Path) -> str:
@@ -270,7 +286,7 @@ def weights_sha256(path: Path) -> str:
     return hashlib.sha256((path if path.is_file() else path / "model.safetensors").read_bytes()).hexdigest()
 
 
-def build(task: str | None = None, steps: int | None = None, start=None):
+def build(task: str | None = None, steps: int | None = None, start=None, config: str | None = None):
     """The stand-in for `task` trained from its random start: (model, tokenizer). A task of its own
     continues from the book's stand-in, `start` or else the cached one; `steps` shortens the warm start
     (a test of the arithmetic, not the book's model)."""
@@ -278,7 +294,8 @@ def build(task: str | None = None, steps: int | None = None, start=None):
     tokenizer = build_tokenizer()
     if _own(task):
         model = start if start is not None else _load(ensure_tiny_model())
-        warm_start(model, tokenizer, own_task_texts(tokenizer, task), steps or own_recipe(task)["steps"])
+        pairs = own_task_texts(tokenizer, task, config=config)
+        warm_start(model, tokenizer, pairs, steps or own_recipe(task)["steps"])
         return model, tokenizer
     model = build_model()
     if model.config.vocab_size < len(tokenizer):
@@ -287,7 +304,7 @@ def build(task: str | None = None, steps: int | None = None, start=None):
     return model, tokenizer
 
 
-def ensure_tiny_model(path: Path | None = None, task: str | None = None) -> Path:
+def ensure_tiny_model(path: Path | None = None, task: str | None = None, config: str | None = None) -> Path:
     """The tiny model and tokenizer at `path` (the cache, by default), made there unless already there:
     from the shipped weights when the repository has them for this recipe, else built (minutes).
 
@@ -297,10 +314,10 @@ def ensure_tiny_model(path: Path | None = None, task: str | None = None) -> Path
     notebook that computed before the pin, a CPU without AVX2) goes to a folder of its own, named so:
     its bytes are not the book's and must not be taken for them.
     """
-    path = Path(path) if path is not None else default_cache(task)
+    path = Path(path) if path is not None else default_cache(task, config)
     if _complete(path):
         return path
-    shipped = shipped_weights(task)
+    shipped = shipped_weights(task, config)
     if not shipped.exists():
         pinned = numerics.pin()
         if not pinned.pinned:
@@ -321,7 +338,7 @@ def ensure_tiny_model(path: Path | None = None, task: str | None = None) -> Path
                 f"Building the CPU stand-in {path.name} (no shipped weights for this recipe: minutes)",
                 flush=True,
             )
-            model, tokenizer = build(task)
+            model, tokenizer = build(task, config=config)
         # A copy of the shipped weights into the cache: no bar for what the reader did not ask to watch.
         save_pretrained_atomically(model, tokenizer, path, progress_bar=False)
         if shipped.exists() and weights_sha256(path) != weights_sha256(shipped):

@@ -1,0 +1,115 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 7 — your own task, checked before a GPU minute is spent
+#
+# This notebook follows `labs/grpo-own-task/train.py`. The chapter trains a task that lives in a file of
+# the reader's own (`labs/grpo-own-task/largest_digit.py`, what `uv run python -m task new` writes), and
+# every lab checks its task before anything loads. First the file's task, then the check on it and on
+# rewards a user could write that break or fool a run, then the chapter's run read back from MLflow:
+# where its task came from, the check's table, held-out accuracy before and after.
+#
+# Runs go to the same MLflow store as the lab (`mlflow.db` at the repository root, or
+# `MLFLOW_TRACKING_URI` if you set it before starting Jupyter).
+
+# %%
+from pathlib import Path
+
+REPO = next(
+    p for p in [Path.cwd(), *Path.cwd().parents] if (p / "labs" / "grpo-own-task" / "lab.toml").exists()
+)
+LAB_DIR = REPO / "labs" / "grpo-own-task"
+
+from grpolab.config.settings import lab_settings
+
+settings = lab_settings(LAB_DIR, "cpu")  # the chapter's task, as its lab.toml names it
+task = settings.get_task()
+print(f"task {task.name!r} from {settings.task}")
+print("source:", dict(task.source))
+print("rewards:", [(r.name, r.max_reward, r.role.value) for r in task.rewards])
+row = task.build_dataset(1, seed=0)[0]
+print(row["prompt"][1]["content"], "->", task.reference_answer(row))
+
+# %% [markdown]
+# ## 1. The check, one line a check
+#
+# `uv run python -m task check labs/grpo-own-task/largest_digit.py` prints the same. Every check passes
+# for the chapter's file; the worst example each check found is in its line.
+
+# %%
+from task.check import check
+
+report = check(task)
+print("\n".join(report.lines()))
+
+# %% [markdown]
+# ## 2. What the check refuses
+#
+# Two rewards a user could write for the same task: one that pays any answer the right digit is in (the
+# loose checker of chapter 4), and one that evaluates the answer with Python. The first is paid by a
+# completion that holds every digit; the second runs what the model wrote. Both are refused, by name.
+
+# %%
+import dataclasses
+
+from task.rewards import CORRECT_REWARD, RewardRole, answer_span, completion_text, declare_reward
+
+
+@declare_reward(CORRECT_REWARD, RewardRole.ANSWER)
+def digit_anywhere(prompts, completions, target, **kwargs):
+    return [
+        1.0 if str(t) in (answer_span(completion_text(c)) or "") else 0.0
+        for c, t in zip(completions, target, strict=True)
+    ]
+
+
+@declare_reward(CORRECT_REWARD, RewardRole.ANSWER)
+def evaluated(prompts, completions, target, **kwargs):
+    out = []
+    for c, t in zip(completions, target, strict=True):
+        try:
+            out.append(1.0 if eval(answer_span(completion_text(c))) == t else 0.0)
+        except Exception:
+            out.append(0.0)
+    return out
+
+
+for reward in (digit_anywhere, evaluated):
+    broken = dataclasses.replace(task, name=reward.__name__, reward_funcs=(reward, task.reward_funcs[1]))
+    print(check(broken, rows=2).verdict())
+
+# %% [markdown]
+# ## 3. The chapter's run: where its task came from, and what it learned
+#
+# The run's tags say where the task came from (the file and its sha256) and what the check found;
+# `task_check/table.md` is the table; held-out accuracy is the adapter's against the base's on numbers no
+# training prompt holds.
+
+# %%
+import mlflow
+import pandas as pd
+
+from grpolab.lifecycle.tracking import tracking_uri
+
+client = mlflow.MlflowClient(tracking_uri())
+experiment = client.get_experiment_by_name("grpo-own-task")
+runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time DESC"], max_results=1)
+run = runs[0]
+tags = {k: v for k, v in run.data.tags.items() if k.startswith("task_")}
+print(pd.Series(tags).to_string())
+m = run.data.metrics
+print(f"held-out accuracy: base {m['eval/base_accuracy']:.1%} -> adapter {m['eval/adapter_accuracy']:.1%}")
+print(Path(client.download_artifacts(run.info.run_id, "task_check/table.md")).read_text())
