@@ -68,7 +68,9 @@ def test_a_task_whose_reward_runs_the_completion_is_refused_before_anything_load
     text = path.read_text()
     fault = "completions, parse_answer, lambda answer"
     assert fault in text
-    path.write_text(text.replace(fault, "completions, lambda text: eval(answer_span(text) or '0'), lambda answer"))
+    path.write_text(
+        text.replace(fault, "completions, lambda text: eval(answer_span(text) or '0'), lambda answer")
+    )
     result = refused(lab_module, ["--profile", "cpu", "--task", str(path)], tmp_path)
     assert_refused_cleanly(result, tmp_path, "task check: evaluates failed code")
     assert f"uv run python -m task check {path}" in result.stderr and "--ignore-task-check" in result.stderr

@@ -153,7 +153,9 @@ def test_a_stand_in_built_with_other_arithmetic_is_kept_apart_from_the_books(tmp
     never under the book's name."""
     other = numerics.Numerics(1, "DEFAULT", "AUTO")
     monkeypatch.setattr(numerics, "pin", lambda: other)
-    monkeypatch.setattr(tiny_model, "shipped_weights", lambda task=None, config=None: tmp_path / "nothing.safetensors")
+    monkeypatch.setattr(
+        tiny_model, "shipped_weights", lambda task=None, config=None: tmp_path / "nothing.safetensors"
+    )
     monkeypatch.setitem(tiny_model.WARM_START, "steps", 2)
     path = tiny_model.ensure_tiny_model(tmp_path / "tiny-qwen3-book")
     assert path.name == "tiny-qwen3-book-1t-default-auto" and (path / "model.safetensors").exists()
