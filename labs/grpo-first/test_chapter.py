@@ -336,7 +336,9 @@ def test_the_run_keeps_every_key_it_had_before_the_chapter_redesign(readme):
     completions themselves (a group with no spread, a parse that rejects written answers); and (issue
     30) the tags `cpu_numerics`, the arithmetic the run computed with, and `doctor_findings`, the
     doctor's findings by name; and (issue 32) the artifact `overview/rewards_and_memory.png`, the figure
-    the Overview opens with: each reward's mean per step beside the budget-vs-measured chart."""
+    the Overview opens with: each reward's mean per step beside the budget-vs-measured chart; and (issue
+    40) the setting `task_config`, the tags `task_source`, `task_name` and `task_check`, where the task
+    came from and what its check found, and the check's table `task_check/table.md`."""
     chapter_run, run = readme
     before = json.loads((Path(__file__).with_name("readme_run_keys.json")).read_text())
     client = chapter_run.client
