@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from task.dataset import chatml_chars, prompt_chars
-from task.rewards import RewardRole, reward_info
+from task.rewards import RewardRole, _safe, reward_info
 
 MAX_SECONDS = 2.0  # one completion scored slower than this is not bounded: a group would wait on it
 # A completion scored slower than this, typically (the median), makes a reward too slow for a group of
@@ -229,13 +229,6 @@ def wrong_answers(
 def _short(text: str, limit: int = 40) -> str:
     """A quoted answer for a one-line report: its first `limit` characters."""
     return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
-
-
-def _safe(func: Callable[..., Any], *args: Any) -> Any:
-    try:
-        return func(*args)
-    except Exception:
-        return None
 
 
 # --- code a reward must not run -------------------------------------------------------------------------

@@ -45,9 +45,11 @@ from task.rewards import (
     FORMAT_REWARD,
     RewardRole,
     answer_span,
+    answer_text,
     correctness_scores,
     declare_reward,
     format_scores,
+    parse_answer,
     parse_int,
 )
 
@@ -66,11 +68,7 @@ class DataTaskError(ValueError):
 
 
 def parse_exact(text: str) -> str | None:
-    span = answer_span(text)
-    if span is None:
-        return None
-    span = span.strip()
-    return span if 0 < len(span) <= MAX_ANSWER_CHARS else None
+    return answer_text(text, MAX_ANSWER_CHARS)
 
 
 def parse_number(text: str) -> float | None:
@@ -78,11 +76,6 @@ def parse_number(text: str) -> float | None:
     match = _NUMBER.fullmatch(span) if span is not None else None
     value = float(match.group(1)) if match else None
     return value if value is not None and math.isfinite(value) else None
-
-
-def parse_integer(text: str) -> int | None:
-    span = answer_span(text)
-    return None if span is None else parse_int(span)
 
 
 def _math_parse(text: str) -> Any:
@@ -132,7 +125,7 @@ class Checker:
 
 CHECKERS = {
     "exact": Checker("exact", parse_exact, _same_text, "the answer's text, exactly"),
-    "integer": Checker("integer", parse_integer, _same_integer, "one integer"),
+    "integer": Checker("integer", parse_answer, _same_integer, "one integer"),  # the book's integer parse
     "number": Checker("number", parse_number, _close, "a number within the tolerance"),
     "math": Checker("math", parse_math, _math_equal, "an expression math-verify finds equal"),
 }

@@ -35,7 +35,7 @@ from task.rewards import (
     FORMAT_REWARD,
     RewardRole,
     _listed,
-    answer_span,
+    answer_text,
     completion_text,
     declare_reward,
     format_scores,
@@ -66,11 +66,7 @@ def _dataset(name: str, config_json: str, seed: int):
 
 def parse_answer(text: str) -> str | None:
     """The text inside the completion's single `<ans>` tag, stripped; None when empty or too long."""
-    span = answer_span(text)
-    if span is None:
-        return None
-    span = span.strip()
-    return span if 0 < len(span) <= MAX_ANSWER_CHARS else None
+    return answer_text(text, MAX_ANSWER_CHARS)
 
 
 def gym_task(spec: str, config: Mapping[str, Any]):

@@ -109,6 +109,16 @@ def tag_like(text: str) -> bool:
     return isinstance(text, str) and bool(_TAG_LIKE.search(text))
 
 
+def answer_text(text: str, max_chars: int) -> str | None:
+    """The text inside the completion's single ``<ans>`` tag, stripped; None when empty or longer than
+    ``max_chars`` (which bounds whatever a checker does with it next)."""
+    span = answer_span(text)
+    if span is None:
+        return None
+    span = span.strip()
+    return span if 0 < len(span) <= max_chars else None
+
+
 def parse_int(raw: Any) -> int | None:
     """One integer with surrounding whitespace: optional '-', 1..MAX_DIGITS ASCII digits; else None."""
     if not isinstance(raw, str):

@@ -34,6 +34,7 @@ import hashlib
 import json
 import random
 import string
+from functools import lru_cache
 from pathlib import Path
 
 from grpolab.config import numerics
@@ -251,8 +252,7 @@ def recipe_hash(task: str | None = None, config: str | None = None) -> str:
     t = get_task(task, config)
     described = [task, t.system_prompt, t.worst_case_prompt()]
     if task not in TASKS:  # its content, not its name or its path: the same task, the same stand-in
-        rows = t.build_dataset(own_recipe(task)["rows"], BUILD_SEED + 1)
-        described = [t.system_prompt, t.worst_case_prompt(), _rows_digest(t, rows)]
+        described = [t.system_prompt, t.worst_case_prompt(), _rows_digest(t, own_recipe(task)["rows"])]
     own = {
         "from": recipe_hash(),
         "task": described,
@@ -263,7 +263,11 @@ def recipe_hash(task: str | None = None, config: str | None = None) -> str:
     return hashlib.sha256(json.dumps(own, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _rows_digest(t, rows) -> str:
+@lru_cache(maxsize=16)
+def _rows_digest(t, n: int) -> str:
+    """The digest of the `n` rows a task's stand-in is warm-started on: built once a process per task
+    (a run asks for its stand-in's name several times; a reasoning-gym task builds its rows slowly)."""
+    rows = t.build_dataset(n, BUILD_SEED + 1)
     text = json.dumps(
         [[row["prompt"], t.reference_answer(row), row.get("number")] for row in rows], default=str
     )

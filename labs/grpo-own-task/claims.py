@@ -11,29 +11,16 @@ nothing that held learning back. Held-out figures are counted in prompts (of 64)
 
 from __future__ import annotations
 
-from grpolab.judging.claims import ChapterStore, Claim, prompts, quarter_means
+from grpolab.judging.claims import ChapterStore, Claim, load
 
 CLAIMS = (
     Claim("held-out accuracy never falls (prompts of 64)", "held_out_rise", at_least=0),
     Claim("the task check passed", "task_check_passed", at_least=1),
     Claim("the run doctor finds nothing that held learning back", "doctor_findings", at_most=0),
 )
+FIRST = load("grpo-first")  # chapter 7 trains chapter 1's lesson: its run is read back the same way
 
 
 def figures(book: ChapterStore) -> dict[str, float]:
     run = book.only("train")
-    n = int(run.data.params["eval_prompts"])
-    first, last = quarter_means(book.history(run, "rewards/correctness_reward/mean"))
-    m, tags = run.data.metrics, run.data.tags
-    findings = tags.get("doctor_findings", "none")
-    return {
-        "finished": float(run.info.status == "FINISHED"),
-        "correctness_first": first,
-        "correctness_last": last,
-        "correctness_climb": last - first,
-        "held_out_base": prompts(m["eval/base_accuracy"], n),
-        "held_out_adapter": prompts(m["eval/adapter_accuracy"], n),
-        "held_out_rise": prompts(m["eval/adapter_accuracy"] - m["eval/base_accuracy"], n),
-        "task_check_passed": float(tags.get("task_check") == "passed"),
-        "doctor_findings": float(0 if findings == "none" else len(findings.split(","))),
-    }
+    return FIRST.figures(book) | {"task_check_passed": float(run.data.tags.get("task_check") == "passed")}
