@@ -135,14 +135,14 @@ def test_the_chapters_load_the_shipped_stand_ins():
     """Every stand-in a chapter uses is shipped (a fresh clone builds none), and what the cache holds
     is its bytes; a change to a stand-in's recipe renames it, and `python -m grpolab.tiny_model --ship`
     writes the new weights."""
-    for task in tiny_model.STANDIN_TASKS:
-        shipped = tiny_model.shipped_weights(task)
+    for task, config in tiny_model.STANDINS:
+        shipped = tiny_model.shipped_weights(task, config)
         assert shipped.exists(), f"{shipped.name} ({task or 'the book'}) is not shipped"
         assert tiny_model.weights_sha256(
-            tiny_model.ensure_tiny_model(task=task)
+            tiny_model.ensure_tiny_model(task=task, config=config)
         ) == tiny_model.weights_sha256(shipped)
     names = {p.name for p in tiny_model.SHIPPED.glob("*.safetensors")}
-    assert names == {tiny_model.shipped_weights(t).name for t in tiny_model.STANDIN_TASKS}, (
+    assert names == {tiny_model.shipped_weights(t, c).name for t, c in tiny_model.STANDINS}, (
         "stale weights shipped"
     )
 
