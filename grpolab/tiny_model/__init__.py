@@ -81,18 +81,20 @@ OWN_TASKS = {"small-addition": {"rows": 1200, "steps": 1200, "known": 1.0, "echo
 
 
 # A task from outside the registry (a file, a data file, reasoning-gym: chapter 7) gets twice the
-# steps. 250 leave a stand-in that has learned only the commonest answer of a task harder to copy than
-# lastdigit's: on chapter 7's largest digit it answered "8" to all 64 held-out numbers (14 right,
-# greedy), and GRPO then learned "9", the next commonest, on seeds 0-4, not the task. At 500 it answers
-# by the number, 41 of 64 right greedy and about one sample in five right inside the tag, so GRPO has
-# right answers to reinforce and room to raise them (measured 2026-12-05 under the pinned arithmetic:
-# 250 steps 14 of 64, 500 41, 750 49).
+# steps, and fewer of its rows in the tag. 250 steps leave a stand-in that has learned only the
+# commonest answer of a task harder to copy than lastdigit's: on chapter 7's largest digit it answered
+# "8" to all 64 held-out numbers (14 right, greedy), and GRPO then learned "9", the next commonest, on
+# seeds 0-4, not the task. At 500 it answers by the number (greedy, first integer: 250 steps 14 of 64,
+# 400 41, 500 38 to 41). With half of its rows in the tag it was then right in the tag on 48 to 53 of
+# 64 before GRPO, and 40 steps moved no greedy answer on seeds 0-4; with 30% it never tags greedy, knows
+# the digit of 16 to 29 of 64, and GRPO teaches the tag: held-out accuracy rose by exactly those counts
+# (measured 2026-12-05 under the pinned arithmetic).
 OUTSIDE_TASK = {**OWN_TASK, "steps": 500, "tagged": 0.3}
 
 
 def own_recipe(task: str) -> dict:
     """How the stand-in of a task outside the book's is warm-started: lastdigit's recipe for the
-    registry's tasks unless named, twice its steps for a task from outside the registry."""
+    registry's tasks unless named, OUTSIDE_TASK for a task from outside the registry."""
     from task import TASKS
 
     return OWN_TASKS.get(task, OWN_TASK if task in TASKS else OUTSIDE_TASK)
