@@ -38,7 +38,6 @@ from grpolab.config import numerics
 from grpolab.lifecycle.endings import HOLD_EXIT_ENV, HOLD_PHASE_ENV, PHASE_PREFIX, SHOW_PHASES_ENV
 
 from suite import (
-    CULPRIT_STEPS,
     HAS_CUDA,
     LAB_DIR,
     LAST_LINE,
@@ -238,32 +237,6 @@ def run_wave(background: Background, _: str) -> dict:
     return {"labs": labs, "codes": codes, "uri": uri, "disk": disk, "tmp": tmp}
 
 
-# --- the book's culprits: chapter 1's lab made to have each reason a correctness curve never moves -----
-CULPRITS = {
-    # completions of 2 tokens: the answer's tag (3 tokens with an answer) never fits
-    "cut": ["--max-completion-length", "2"],
-    # sampling so cold that a group's completions are one completion
-    "cold": ["--temperature", "0.05"],
-}
-
-
-def run_culprits(background: Background, _: str) -> dict:
-    """One short lab per culprit, on a store of its own, together: what the doctor said of each."""
-    tmp = background.folder("culprits")
-    labs = {
-        name: Lab(
-            name,
-            LAB_DIR / "train.py",
-            ["--output-dir", str(tmp / name), *CULPRIT_STEPS, *args],
-            f"sqlite:///{tmp / name / 'mlflow.db'}",
-            tmp,
-        )
-        for name, args in CULPRITS.items()
-        if (tmp / name).mkdir(parents=True, exist_ok=True) is None
-    }
-    return {name: {"lab": lab, "code": lab.wait(timeout=WAVE_TIMEOUT_S)} for name, lab in labs.items()}
-
-
 @dataclass
 class Stopped:
     """One lab sent `signum` the moment it printed `marker` (None: the reference run)."""
@@ -389,7 +362,6 @@ def run_sketch(background: Background, _: str) -> dict:
 JOBS: dict[str, Callable[[Background, str], Any]] = {
     "chapter": run_chapter,
     "wave": run_wave,
-    "culprits": run_culprits,
     "stops": run_stops,
     "matrix_quick": run_matrix_quick,
     "sketch": run_sketch,
@@ -399,7 +371,6 @@ JOBS: dict[str, Callable[[Background, str], Any]] = {
 BACKGROUND_FIXTURES = {
     "wave": "wave",
     "stopped": "wave",
-    "culprits": "culprits",
     "stops": "stops",
     "matrix_quick": "matrix_quick",
     "sketched": "sketch",
@@ -478,7 +449,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 def _expected_order(key: str) -> tuple[int, str]:
     """Tests that read the quicker runs go first: the wave, then the chapters in the README's order."""
-    if key in ("wave", "culprits", "matrix_quick", "sketch", "own_tasks"):
+    if key in ("wave", "matrix_quick", "sketch", "own_tasks"):
         return (0, key)
     names = [c.name for c in chapters()]
     name = key.partition(":")[2]
@@ -557,11 +528,6 @@ def chapter_claims(chapter_run: ChapterRun) -> ChapterClaims:
 @pytest.fixture(scope="session")
 def wave(background: Background) -> dict:
     return background.result("wave")
-
-
-@pytest.fixture(scope="session")
-def culprits(background: Background) -> dict:
-    return background.result("culprits")
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ already set. The lab and the budget CLI render the same advice with their own pa
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -98,6 +99,25 @@ def render(
     if not usable:
         return "no setting of this command shrinks it: free memory on the card or use a larger one"
     return " or ".join(c.render(values) for c in usable)
+
+
+# One rendered change: `raise --x (now 3) to >= 13`, `lower --x (now 8)`, `set --z true`.
+_RENDERED = re.compile(
+    r"\b(?P<how>raise|lower) --(?P<flag>[a-z0-9-]+)(?: \(now [^)]*\))?(?: to [<>]= (?P<bound>[^\s,:;)]+))?"
+    r"|\bset --(?P<set_flag>[a-z0-9-]+) (?P<value>[^\s,:;)]+)"
+)
+
+
+def parse(text: str) -> tuple[Change, ...]:
+    """The changes a line of advice names, in its order: the inverse of `render`, so a program applies
+    the advice a reader was shown, not a copy of it. A raise or lower with no bound has no value."""
+    changes = []
+    for m in _RENDERED.finditer(text):
+        if m["set_flag"]:
+            changes.append(Change(m["set_flag"].replace("-", "_"), "set", m["value"]))
+        else:
+            changes.append(Change(m["flag"].replace("-", "_"), m["how"], m["bound"]))
+    return tuple(changes)
 
 
 def for_line(line: str, values: Mapping[str, Any], accepts: Collection[str] | None = None) -> str:

@@ -56,7 +56,14 @@ CONTEXTS: dict[str, dict[str, str]] = {
 }
 SEED_CONTEXT = "plain"  # where the seeds run
 # Cheapest first: chapter 1 is also where the contexts run by default.
-CHAPTERS = ("grpo-first", "grpo-sizing", "grpo-headroom", "grpo-reward-hacking", "grpo-own-task")
+CHAPTERS = (
+    "grpo-first",
+    "grpo-sizing",
+    "grpo-headroom",
+    "grpo-reward-hacking",
+    "grpo-own-task",
+    "grpo-stuck",
+)
 # torch starts with as many threads as OMP_NUM_THREADS asks, up to the cores it sees: on a 2-core
 # machine a "4-core" context must ask torch itself, before the lab runs (what a 4-core machine does).
 LAUNCH = (

@@ -45,6 +45,10 @@ class Arm:
     name: str
     reward: str
     changes: Mapping[str, Any] = field(default_factory=dict)
+    # The doctor's finding this arm is broken to provoke (chapter 8). After it, an arm `<name>-fixed`
+    # trains with the next step that finding printed, parsed from its text: never a second copy.
+    cause: str | None = None
+    fixes: str | None = None  # on a fixed arm: the broken arm it mends
 
 
 def parser(description: str, arms: Sequence[Arm]) -> argparse.ArgumentParser:
@@ -171,10 +175,13 @@ def _arms(
     from grpolab.lab.session import session
     from grpolab.lifecycle.endings import STOPS
 
-    for arm in chosen:
+    queue = list(chosen)
+    while queue:
+        arm = queue.pop(0)
         STOPS.enter(f"the arms, before arm {arm.name}")
         arm_settings = settings.replace(**arm.changes)
-        print(f"\n=== arm {arm.name}: {arm.reward} reward, beta {arm_settings.beta:g} ===", flush=True)
+        changed = ", ".join(f"{k} {v}" for k, v in arm.changes.items()) or "the chapter's settings"
+        print(f"\n=== arm {arm.name}: {arm.reward} reward, {changed} ===", flush=True)
         name = f"{arm.name}-{parent_name}"
         with session(
             arm_settings, sheet, device, args, dataset, card_note, nested=True, cuda=cuda, name=name
@@ -188,6 +195,35 @@ def _arms(
             "\n".join(line for line in run.summary if line.startswith(("Held-out", "Run doctor"))),
             flush=True,
         )
+        if arm.cause is not None:
+            fixed = fixed_arm(arm, run.findings, arm_settings)
+            named = arm.cause in results[-1]["finding_names"]
+            print(
+                f"The doctor's next step for {arm.cause}: {results[-1]['fix']}"
+                if fixed
+                else f"The doctor named {arm.cause} on arm {arm.name} with no value to apply: no mended arm"
+                if named
+                else f"The doctor did not name {arm.cause} on arm {arm.name}: no next step to apply",
+                flush=True,
+            )
+            if fixed is not None:
+                queue.insert(0, fixed)
+
+
+def fixed_arm(arm: Arm, findings, settings) -> Arm | None:
+    """The arm that applies the next step the doctor printed in `arm.cause`'s finding, on top of the
+    broken arm's changes; None when the doctor did not name that cause."""
+    from grpolab.judging.doctor import next_step
+
+    finding = next((f for f in findings if f.name == arm.cause), None)
+    if finding is None:
+        return None
+    try:
+        step = next_step(finding, settings)
+    except ValueError as err:  # a next step with no value: shown, not guessed
+        print(err, flush=True)
+        return None
+    return Arm(f"{arm.name}-fixed", arm.reward, {**arm.changes, **step}, fixes=arm.name)
 
 
 def _stopped(stop: KeyboardInterrupt, chosen, results: list[dict[str, Any]]) -> None:
@@ -215,9 +251,15 @@ def summary(arm: Arm, run) -> dict[str, Any]:
     exact = next(r for r in run.task.rewards if r.role is RewardRole.ANSWER)
     rows = step_rows(run.meter.history)
     before, after = run.evals.get("base"), run.evals.get("adapter")
+    cause = next((f for f in run.findings if f.name == arm.cause), None)
     return {
         "arm": arm.name,
         "reward": arm.reward,
+        "cause": arm.cause,
+        "fixes": arm.fixes,
+        "changes": {k: v for k, v in arm.changes.items()},
+        # What the doctor printed as the next step, as the fixed arm applies it (`--flag value`).
+        "fix": _fix(cause, run.settings),
         "run_id": run.mlflow_run.info.run_id,
         "beta": run.settings.beta,
         "loss_type": run.settings.loss_type,
@@ -240,6 +282,32 @@ def summary(arm: Arm, run) -> dict[str, Any]:
         "findings": [str(f) for f in run.findings],
         "finding_names": sorted({f.name for f in run.findings}),
     }
+
+
+def _fix(finding, settings) -> str | None:
+    """The next step a broken arm's finding printed, as the flags its mended arm trains with."""
+    from grpolab.judging.doctor import next_step
+
+    if finding is None:
+        return None
+    try:
+        return _flags(next_step(finding, settings))
+    except ValueError:
+        return None
+
+
+def _flags(changes: Mapping[str, Any]) -> str:
+    return " ".join(f"--{k.replace('_', '-')} {_text(v)}" for k, v in changes.items())
+
+
+def _text(value: Any) -> str:
+    return (
+        str(value).lower()
+        if isinstance(value, bool)
+        else f"{value:g}"
+        if isinstance(value, float)
+        else str(value)
+    )
 
 
 def _questions(settings) -> list[str]:
@@ -285,6 +353,38 @@ def verdict(results: Sequence[dict[str, Any]]) -> str:
             f"{exact}; {acc}{kl}. {doctor}."
         )
     return "\n".join(lines)
+
+
+def causes_table(results: Sequence[dict[str, Any]]) -> str:
+    """Per broken arm (chapter 8): its break, what the doctor named, the next step it printed, and
+    held-out accuracy before and after, broken and mended. Empty when no arm was broken on purpose."""
+    rows = []
+    for r in results:
+        if r.get("cause") is None:
+            continue
+        mended = next((m for m in results if m.get("fixes") == r["arm"]), None)
+        broke = ", ".join(f"{k} {v}" for k, v in r["changes"].items())
+        named = ", ".join(r["finding_names"]) or "nothing"
+        rows.append(
+            f"| {r['arm']} | {broke} | {r['cause']} | {named} | `{r['fix'] or 'none'}` | "
+            f"{_held(r)} | {_held(mended) if mended else 'not run'} |"
+        )
+    if not rows:
+        return ""
+    return "\n".join(
+        [
+            "| arm | broken by | cause | the doctor named | its next step | held-out, broken | held-out, mended |",
+            "|---|---|---|---|---|---|---|",
+            *rows,
+        ]
+    )
+
+
+def _held(r: Mapping[str, Any]) -> str:
+    held = r["held_out"]
+    if not {"base", "adapter"} <= set(held):
+        return "not scored"
+    return f"{held['base']['accuracy']:.1%} -> {held['adapter']['accuracy']:.1%}"
 
 
 def chart(results: Sequence[dict[str, Any]]):
@@ -344,6 +444,43 @@ def chart(results: Sequence[dict[str, Any]]):
     return fig
 
 
+def causes_chart(results: Sequence[dict[str, Any]]):
+    """Chapter 8's picture: one panel per cause, the task's correctness per step on the broken arm
+    beside the arm mended by the doctor's next step, with held-out accuracy before and after."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    broken = [r for r in results if r.get("cause") is not None]
+    fig, axes = plt.subplots(1, len(broken), figsize=(3.6 * len(broken), 3.4), squeeze=False, sharey=True)
+    for ax, r in zip(axes[0], broken, strict=True):
+        mended = next((m for m in results if m.get("fixes") == r["arm"]), None)
+        for arm, color, label in ((r, "tab:red", "broken"), (mended, "tab:green", "mended")):
+            if arm is None:
+                continue
+            steps = arm["steps"][: len(arm["exact"])]
+            ax.plot(steps, _smooth(arm["exact"]), color=color, label=f"{label}: correctness")
+            held = arm["held_out"]
+            if {"base", "adapter"} <= set(held):
+                ax.plot(
+                    [0, steps[-1] if steps else 1],
+                    [held["base"]["accuracy"], held["adapter"]["accuracy"]],
+                    color=color,
+                    linestyle="--",
+                    marker="o",
+                    label=f"{label}: held-out accuracy",
+                )
+        ax.set(xlabel="step", ylim=(-0.02, 1.02))
+        ax.set_title(
+            f"{r['arm']}: {r['cause']}\nmended by {r['fix'] or 'nothing (no next step)'}", fontsize=9
+        )
+    axes[0][0].set_ylabel("share right")
+    axes[0][0].legend(fontsize=7, loc="center left")
+    fig.tight_layout()
+    return fig
+
+
 def _smooth(values: Sequence[float], width: int = 3) -> list[float]:
     """A trailing mean over `width` steps: one group's luck per step is noisy."""
     return [statistics.fmean(values[max(0, i - width + 1) : i + 1]) for i in range(len(values))]
@@ -370,7 +507,9 @@ def log_report(results: Sequence[dict[str, Any]], parent_run_id: str) -> str:
     import mlflow
 
     mlflow.log_dict({"arms": list(results)}, RECORD)
-    mlflow.log_figure(chart(results), CHART)
+    mlflow.log_figure(
+        causes_chart(results) if any(r.get("cause") for r in results) else chart(results), CHART
+    )
     table = completions_table(results)
     mlflow.log_text(table + "\n", COMPLETIONS)
     for r in results:
@@ -382,7 +521,8 @@ def log_report(results: Sequence[dict[str, Any]], parent_run_id: str) -> str:
         if r["kl"]:
             values[f"arms/{r['arm']}/kl_last_quarter"] = _quarter(r["kl"], 3)
         mlflow.log_metrics(values)
-    text = verdict(results)
+    causes = causes_table(results)
+    text = verdict(results) + (f"\n\n{causes}" if causes else "")
     link = f"get-artifact?path={CHART.replace('/', '%2F')}&run_uuid={parent_run_id}"
     note = (
         f"{text}\n\n![paid vs exact, held-out accuracy, KL per arm]({link})\n\n"

@@ -74,6 +74,17 @@ TAG_LIKE = (
 LOGP_GAP = 0.1  # nats per token in the last quarter ...
 LOGP_GROWTH = 3.0  # ... and that many times the first quarter's
 LOGP_METRIC = "sampling/sampling_logp_difference/mean"
+# A group with no spread is sampled at TRL's default temperature, the book's recipe's: the one the
+# doctor names with its advice, so the advice is a value a run can take, not a direction.
+DIVERSE_TEMPERATURE = 1.0
+# A policy that never left its start: KL to the reference under this in the last quarter (nats per
+# token) while nothing was learned. Measured on chapter 8's CPU arms (2026-12-05, seed 0): runs that
+# learn reach 0.1 to 0.4 in 24 steps; beta 5 held it at 0.0026, a learning rate of 7e-5 lower still.
+KL_STILL = 0.005
+# ... and held-out accuracy within this of where it began: any weight that moves flips a prompt or two
+# (chapter 8's beta-5 arm, 16 steps: 73.4% -> 75.0%, one prompt of 64).
+STILL_RISE = 0.05
+BETA_HOLDS = 0.5  # a beta from here up is named as the pull that held it (25 times the book's 0.02)
 REWARD_METRIC = re.compile(r"rewards/(.+)/mean")
 
 
@@ -208,7 +219,7 @@ def diagnose(
                 "cut_before_the_tag",
                 f"{statistics.fmean(clipped):.0%} of completions were cut at max_completion_length "
                 f"{values.get('max_completion_length')} while {', '.join(f'{r.metric} paid {m:.3f} of its {r.max_reward:g}' for r, m in cut_before)}: "
-                f"they end before the answer's tag, so no answer is ever scored: {advise(raise_('max_completion_length'))}",
+                f"they end before the answer's tag, so no answer is ever scored: {advise(raise_('max_completion_length', _room(values)))}",
             )
         )
     elif clipped and statistics.fmean(clipped) >= CLIPPED_SHARE:
@@ -217,7 +228,7 @@ def diagnose(
                 "completions_cut",
                 f"{statistics.fmean(clipped):.0%} of completions were cut at max_completion_length "
                 f"{values.get('max_completion_length')} ({quarters(clipped)[3]:.0%} in the last quarter): the "
-                f"answer never came: {advise(raise_('max_completion_length'))}, or penalise length",
+                f"answer never came: {advise(raise_('max_completion_length', _room(values)))}, or penalise length",
             )
         )
 
@@ -266,15 +277,26 @@ def diagnose(
         )
 
     if "cut_before_the_tag" in {f.name for f in findings}:
-        # Completions cut to a few tokens have no room to differ: the cut is the culprit, not the sampling.
-        findings = [f for f in findings if f.name != "no_diversity"]
+        # Completions cut to a few tokens have no room to differ, and groups with no answer score the
+        # same: the cut is the culprit, not the sampling or the group size. (Chapter 8's cut arm: the
+        # first doctor named no_learning_signal beside the cut, and advised more generations.)
+        findings = [f for f in findings if f.name not in ("no_diversity", "no_learning_signal")]
     findings += _proxy_hacking(rows, values, rewards, before, after)
     findings += _reward_never_pays(rows, logged)
     findings += _rollouts_not_from_policy(rows, values, advise)
 
+    if not {"no_learning_signal", "cut_before_the_tag", "no_diversity"} & {f.name for f in findings}:
+        findings += _held_still(rows, values, answers, before, after, advise)
+
     # A flat reward that another finding explains (no signal, or one of the book's culprits) is not
     # cured by a higher learning rate or more steps: it is not named twice.
-    explained = {"no_learning_signal", "cut_before_the_tag", "no_diversity", "reward_never_pays"}
+    explained = {
+        "no_learning_signal",
+        "cut_before_the_tag",
+        "no_diversity",
+        "reward_never_pays",
+        "held_at_the_start",
+    }
     if reward and not explained & {f.name for f in findings}:
         first, _, _, last = quarters(reward)
         improved = after is not None and before is not None and after.accuracy > before.accuracy
@@ -306,6 +328,98 @@ def diagnose(
 MIN_STEPS = 4  # fewer logged steps than this tell nothing about a trend
 
 
+def _held_still(
+    rows, values: Mapping[str, Any], answers: Sequence[RewardInfo], before, after, advise
+) -> list[Finding]:
+    """The policy never left its start: KL to the reference stayed under KL_STILL and held-out accuracy
+    rose by STILL_RISE at most (without a held-out evaluation: no answer reward climbed). Either the KL pull held it (beta from BETA_HOLDS up:
+    lower it to the book's) or its steps were too small to move it (raise the learning rate to the
+    book's for the profile). Read where KL is: a run with beta 0 logs none (Unsloth logs 0)."""
+    kl = series(rows, "kl")
+    beta = values.get("beta")
+    if not kl or not isinstance(beta, (int, float)) or beta == 0:
+        return []
+    last = quarters(kl)[3]
+    if last >= KL_STILL:
+        return []
+    if before is not None and after is not None:
+        # Held out, the adapter against the base: a policy this close to its start moves its training
+        # reward by a group's luck (chapter 8's arm at 7e-5: correctness 0.177 -> 0.198, held out 0).
+        if after.accuracy - before.accuracy > STILL_RISE:
+            return []
+    elif any((t := _trend(rows, r)) and t[1] > t[0] + FLAT_SHARE * r.max_reward for r in answers):
+        return []
+    book = _book(values)
+    held = f", held-out accuracy {before.accuracy:.1%} -> {after.accuracy:.1%}" if before and after else ""
+    if beta >= BETA_HOLDS:
+        why = f"the KL pull, beta {beta:g}, held it there: {advise(lower('beta', book.get('beta')))}"
+    else:
+        why = (
+            f"its steps were too small to move it: "
+            f"{advise(raise_('learning_rate', _above(values.get('learning_rate'), book.get('learning_rate'))))}"
+        )
+    return [
+        Finding(
+            "held_at_the_start",
+            f"KL to the start stayed at {last:.4f} in the last quarter of {len(kl)} steps (a run that learns "
+            f"moves ten times further){held}: the policy never left its start: {why}",
+        )
+    ]
+
+
+def _book(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The book's recipe for the run's profile (grpolab/recipe.toml), {} when the run names none."""
+    from grpolab.config.settings import recipe
+
+    profile = values.get("profile")
+    return recipe(profile) if profile in ("cpu", "gpu") else {}
+
+
+def _above(now: Any, bound: Any) -> Any:
+    """A bound to raise to, only when it is above where the run is."""
+    return (
+        bound if isinstance(now, (int, float)) and isinstance(bound, (int, float)) and bound > now else None
+    )
+
+
+def next_step(finding: Finding, settings: Any) -> dict[str, Any]:
+    """The settings a finding's printed next step changes, read back from its text (the inverse of
+    budgets.advice.render): the first change the advice names with a value, typed as `settings` holds
+    it. Chapter 8 trains with exactly this, so a next step the doctor printed wrong is trained wrong."""
+    from budgets.advice import parse
+
+    for change in parse(finding.message):
+        if change.value is None or not hasattr(settings, change.setting):
+            continue
+        now = getattr(settings, change.setting)
+        kind = type(now) if now is not None else str
+        value = change.value.lower() == "true" if kind is bool else kind(change.value)
+        return {change.setting: value}
+    raise ValueError(f"{finding.name}'s next step names no setting with a value to apply: {finding.message}")
+
+
+def _warmer(values: Mapping[str, Any]) -> float | None:
+    """The temperature a group with no spread is sampled at: DIVERSE_TEMPERATURE, when the run's was
+    below it (above it, the doctor says to raise it, by how much is the reader's call)."""
+    now = values.get("temperature")
+    return DIVERSE_TEMPERATURE if isinstance(now, (int, float)) and now < DIVERSE_TEMPERATURE else None
+
+
+def _room(values: Mapping[str, Any]) -> int | None:
+    """The max_completion_length a cut run needs at least: twice what it had, and never less than the
+    task's longest reference completion in characters and its end token (characters bound any
+    tokenizer's tokens: task.check's lengths line). None when the run's length is unknown."""
+    now = values.get("max_completion_length")
+    if not isinstance(now, int):
+        return None
+    reference = 0
+    if values.get("task") is not None:
+        t = get_task(values["task"], values.get("task_config"))
+        rows = t.build_eval_dataset(32, 0)
+        reference = max(len(f"<ans>{t.reference_answer(row)}</ans>") for row in rows) + 1
+    return max(2 * now, reference)
+
+
 def _no_diversity(rows: Sequence[dict[str, float]], values: Mapping[str, Any], advise) -> list[Finding]:
     """Groups whose completions are (nearly) all the same from the start: sampling with no spread, so
     no completion beats its group and nothing is learned. Not a policy that converged (that comes late,
@@ -323,7 +437,8 @@ def _no_diversity(rows: Sequence[dict[str, float]], values: Mapping[str, Any], a
             "no_diversity",
             f"in the first {len(early)} steps a group of {group} held about {statistics.fmean(early) * group:.1f} distinct "
             f"completions: one completion, repeated, so none could beat its group: the sampling temperature "
-            f"{values.get('temperature')} leaves the group no spread to learn from: {advise(raise_('temperature'))}",
+            f"{values.get('temperature')} leaves the group no spread to learn from: "
+            f"{advise(raise_('temperature', _warmer(values)))}",
         )
     ]
 

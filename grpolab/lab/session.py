@@ -387,7 +387,8 @@ def _doctor(run: Run) -> str:
     """The run doctor's verdict on what TRL logged and the held-out evaluation."""
     from grpolab.judging import doctor
 
-    values = {name: getattr(run.settings, name) for name in FLAGS}
+    # With the profile: a next step may name the book's recipe for it (grpolab/recipe.toml).
+    values = {name: getattr(run.settings, name) for name in FLAGS} | {"profile": run.settings.profile}
     before, after = run.evals.get("base"), run.evals.get("adapter")
     # The rewards the trainer really had, with their weights: a chapter may train on a reward its task
     # does not declare and watch the task's own at weight 0 (chapter 4).

@@ -1,0 +1,110 @@
+"""Chapter 8 on CPU: the README's command, run once (conftest.py: `chapter_run`), read back.
+
+Every cause's broken arm and the arm that mends it, nested under the chapter's run and finished; the
+chapter's claims (claims.py beside this file: the doctor names each cause and nothing else on its
+arm, and the mended arm learns), which the matrix checks on every seed; each mended arm trained with
+exactly the next step its broken arm's finding printed; the parent run's table of cause, finding,
+fix and held-out accuracy; the page and the README's row quoting this run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from grpolab.config.settings import lab_settings
+from grpolab.judging.doctor import Finding, next_step
+
+from suite import chapter, cpu_only, load_lab_module, prose
+
+LAB_DIR = Path(__file__).resolve().parent
+
+pytestmark = [pytest.mark.slow, cpu_only("reads the CPU profile's README run; on a GPU it trains Qwen3-4B")]
+
+
+@pytest.fixture(scope="module")
+def lab():
+    return load_lab_module(LAB_DIR)
+
+
+@pytest.fixture
+def stuck(chapter_run):
+    """The chapter's run, its arms' runs nested under it (by arm), and the arms' record it logged."""
+    assert chapter_run.code == 0, chapter_run.log()
+    (parent,) = [r for r in chapter_run.top if r.data.tags.get("run_kind") == "arms"]
+    record = json.loads(
+        Path(
+            chapter_run.client.download_artifacts(
+                parent.info.run_id, "arms/arms.json", str(chapter_run.store)
+            )
+        ).read_text()
+    )
+    print(f"the chapter's README command took {chapter_run.seconds:.0f} s")
+    return {
+        "parent": parent,
+        "children": {r.data.tags["arm"]: r for r in chapter_run.children(parent)},
+        "arms": {a["arm"]: a for a in record["arms"]},
+        "stdout": chapter_run.stdout,
+    }
+
+
+def test_every_cause_ran_broken_then_mended_nested_under_the_chapters_run(stuck, lab):
+    assert stuck["parent"].info.status == "FINISHED"
+    expected = {name for a in lab.ARMS for name in (a.name, f"{a.name}-fixed")}
+    assert set(stuck["children"]) == expected
+    assert all(r.info.status == "FINISHED" for r in stuck["children"].values())
+
+
+def test_each_mended_arm_trains_the_next_step_its_broken_arm_printed(stuck, lab):
+    """The fix is the doctor's text, read back: the broken arm's finding as its run recorded it, parsed
+    here again, is what the mended arm's run was trained with (its MLflow params)."""
+    for arm in lab.ARMS:
+        broken, mended = stuck["arms"][arm.name], stuck["children"][f"{arm.name}-fixed"]
+        (printed,) = [f for f in broken["findings"] if f.startswith(f"{arm.cause}: ")]
+        finding = Finding(arm.cause, printed.split(": ", 1)[1])
+        step = next_step(finding, lab_settings(LAB_DIR, "cpu"))  # typed as the settings hold them
+        assert printed in stuck["stdout"] and broken["fix"] in stuck["stdout"]
+        for setting, value in step.items():
+            assert mended.data.params[setting] == str(value), (setting, mended.data.params[setting], value)
+        for setting, value in arm.changes.items():
+            if setting not in step:  # the break stays: only the doctor's step is mended
+                assert mended.data.params[setting] == str(value)
+
+
+def test_the_task_check_in_the_run_caught_the_cut_before_a_step_was_trained(stuck):
+    """The page says where a cause was catchable before training: the cut arm's own task check, with
+    the run's tokenizer and lengths, fails its lengths line; the mended arm's passes."""
+    assert stuck["children"]["cut"].data.tags["task_check"] == "failed: lengths"
+    assert stuck["children"]["cut-fixed"].data.tags["task_check"] == "passed"
+
+
+def test_the_books_claims_hold_each_cause_named_and_mended(chapter_claims):
+    assert chapter_claims.failures == [], chapter_claims.figures
+
+
+def test_the_chapters_run_tables_cause_finding_fix_and_held_out_accuracy(stuck, lab):
+    note = stuck["parent"].data.tags["mlflow.note.content"]
+    assert (
+        "| arm | broken by | cause | the doctor named | its next step | held-out, broken | held-out, mended |"
+        in note
+    )
+    for arm in lab.ARMS:
+        fix = stuck["arms"][arm.name]["fix"]
+        assert f"| {arm.name} | " in note and f"`{fix}`" in note
+
+
+def test_the_pages_quote_this_runs_figures_digit_for_digit(stuck, lab):
+    """The CPU profile computes the same bits on every x86-64 machine (docs/every-machine.md)."""
+    page = prose(LAB_DIR / "README.md")
+    row = chapter("grpo-stuck").measured
+    for arm in lab.ARMS:
+        for name in (arm.name, f"{arm.name}-fixed"):
+            held = stuck["arms"][name]["held_out"]
+            said = f"{held['base']['accuracy']:.1%} -> {held['adapter']['accuracy']:.1%}"
+            assert f"| {name} |" in page and said in page, (name, said)
+        assert f"`{stuck['arms'][arm.name]['fix']}`" in page
+        mended = stuck["arms"][f"{arm.name}-fixed"]["held_out"]
+        said = f"held-out accuracy {mended['base']['accuracy']:.1%} -> {mended['adapter']['accuracy']:.1%} on every mended arm"
+        assert said in row, (arm.name, said)

@@ -1,0 +1,64 @@
+"""Chapter 8: when the reward won't move, each cause reproduced, named by the doctor, and mended by what it says.
+
+"My reward is flat" is the question GRPO users ask most. The run doctor (grpolab/judging/doctor.py)
+reads every run's curves and names what held learning back, with one next step as flags. This
+chapter breaks the book's run one way an arm, the way users break it, and shows each cause happen:
+
+    cut    max_completion_length 2: every completion is cut before its answer's tag closes
+    cold   temperature 0.05: the group samples one completion, repeated, so none beats its group
+
+After each broken arm the doctor's finding is read back, and the next step it printed (`raise
+--max-completion-length (now 2) to >= 13`) is parsed from its text (grpolab.judging.doctor.next_step)
+and trained as arm `<cause>-fixed`: the mend is what the doctor said, never a second copy written
+here. Each arm is a run nested under one MLflow run, whose Overview tables cause, finding, fix and
+held-out accuracy before and after.
+
+What it simplifies: short arms (24 steps on the CPU), one process for all arms (an arm's memory peak
+includes what earlier ones left), chapter 4's task (lastdigit), whose stand-in knows the task now and
+then. On a GPU, Qwen3-4B with the book's recipe on countdown.
+
+Usage:
+    uv run python labs/grpo-stuck/train.py                          # every cause, broken then fixed
+    uv run python labs/grpo-stuck/train.py --arms cold              # one cause
+    uv run mlflow ui --backend-store-uri sqlite:///mlflow.db        # the chapter's run, its arms under it
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpolab
+from grpolab.chapters import load_chapter
+from grpolab.chapters.arms import Arm
+from grpolab.config.settings import LabSettings
+
+LAB_DIR = Path(__file__).resolve().parent
+FIRST = load_chapter("grpo-first")  # chapter 1's lesson: every arm trains it
+
+# --- The causes: what each arm breaks, and the finding the doctor must name ------------------------
+ARMS = (
+    Arm("cut", "task", {"max_completion_length": 2}, cause="cut_before_the_tag"),
+    Arm("cold", "task", {"temperature": 0.05}, cause="no_diversity"),
+    Arm("still", "task", {"learning_rate": 7e-5}, cause="held_at_the_start"),
+    Arm("leashed", "task", {"beta": 5.0}, cause="held_at_the_start"),
+)
+
+
+def grpo_config(s: LabSettings, output_dir: Path, precision: dict[str, bool]):
+    """Chapter 1's GRPOConfig, from the arm's settings: its break, or its break and the doctor's step."""
+    return FIRST.grpo_config(s, output_dir, precision)
+
+
+def train(run: grpolab.Run, reward: str = "task") -> None:
+    """One arm: chapter 1's lesson, on the task's own rewards, with the arm's settings."""
+    FIRST.train(run, config=grpo_config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from grpolab.chapters import arms
+
+    return arms.main(LAB_DIR, ARMS, train, argv, doc=__doc__)
+
+
+if __name__ == "__main__":
+    grpolab.exit_process(main())
