@@ -162,7 +162,7 @@ plt.tight_layout()
 # %%
 from IPython.display import Image, display
 
-display(Image(filename=client.download_artifacts(parent.info.run_id, "arms/reward_vs_held_out.png")))
+display(Image(filename=client.download_artifacts(parent.info.run_id, "arms/broken_and_mended.png")))
 
 # %% [markdown]
 # ## 4. The doctor's finding, read back into flags

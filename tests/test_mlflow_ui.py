@@ -56,8 +56,9 @@ def cpu_lab_run(background):
 
 
 @pytest.fixture(scope="module")
-def mlflow_ui(cpu_lab_run):
+def mlflow_ui(cpu_lab_run, request, tmp_path_factory):
     port = free_port()
+    log = tmp_path_factory.mktemp("mlflow-ui") / "server.log"  # shown when a test of this module fails
     command = command_words(README_UI)
     env = {**os.environ, "UV_PROJECT": str(REPO_ROOT)}
     env.pop("MLFLOW_TRACKING_URI", None)
@@ -66,8 +67,8 @@ def mlflow_ui(cpu_lab_run):
         [*command, "--host", "127.0.0.1", "--port", str(port)],
         cwd=cpu_lab_run["store"],
         env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
@@ -80,10 +81,13 @@ def mlflow_ui(cpu_lab_run):
             time.sleep(0.5)
     else:
         server.kill()
-        pytest.fail("mlflow ui did not come up on loopback within 120 s")
+        pytest.fail(f"mlflow ui did not come up on loopback within 120 s:\n{log.read_text()[-4000:]}")
+    failed = request.session.testsfailed
     yield url
     os.killpg(server.pid, 15)
     server.wait(timeout=30)
+    if request.session.testsfailed > failed:  # the server's side of what the browser waited for
+        print(f"mlflow ui's log ({log}):\n{log.read_text()[-8000:]}")
 
 
 @pytest.fixture(scope="module")

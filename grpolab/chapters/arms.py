@@ -32,6 +32,7 @@ from grpolab.config.settings import LabSettingsError
 from grpolab.judging.doctor import quarters, series, step_rows
 
 CHART = "arms/reward_vs_held_out.png"
+CAUSES_CHART = "arms/broken_and_mended.png"  # the chart of arms that each reproduce a cause (chapter 8)
 COMPLETIONS = "arms/completions.md"
 RECORD = "arms/arms.json"
 SAMPLES = 4  # held-out completions shown per arm, before and after
@@ -507,9 +508,9 @@ def log_report(results: Sequence[dict[str, Any]], parent_run_id: str) -> str:
     import mlflow
 
     mlflow.log_dict({"arms": list(results)}, RECORD)
-    mlflow.log_figure(
-        causes_chart(results) if any(r.get("cause") for r in results) else chart(results), CHART
-    )
+    by_cause = any(r.get("cause") for r in results)
+    drawn = CAUSES_CHART if by_cause else CHART
+    mlflow.log_figure(causes_chart(results) if by_cause else chart(results), drawn)
     table = completions_table(results)
     mlflow.log_text(table + "\n", COMPLETIONS)
     for r in results:
@@ -523,9 +524,14 @@ def log_report(results: Sequence[dict[str, Any]], parent_run_id: str) -> str:
         mlflow.log_metrics(values)
     causes = causes_table(results)
     text = verdict(results) + (f"\n\n{causes}" if causes else "")
-    link = f"get-artifact?path={CHART.replace('/', '%2F')}&run_uuid={parent_run_id}"
+    link = f"get-artifact?path={drawn.replace('/', '%2F')}&run_uuid={parent_run_id}"
+    alt = (
+        "correctness per step, broken beside mended"
+        if by_cause
+        else "paid vs exact, held-out accuracy, KL per arm"
+    )
     note = (
-        f"{text}\n\n![paid vs exact, held-out accuracy, KL per arm]({link})\n\n"
+        f"{text}\n\n![{alt}]({link})\n\n"
         f"Held-out completions, before and after:\n\n{table}\n\n"
         "(The arms share one process: an arm's memory peak includes what earlier arms left.)"
     )

@@ -90,6 +90,7 @@ def test_the_chapters_run_tables_cause_finding_fix_and_held_out_accuracy(stuck, 
         "| arm | broken by | cause | the doctor named | its next step | held-out, broken | held-out, mended |"
         in note
     )
+    assert f"get-artifact?path=arms%2Fbroken_and_mended.png&run_uuid={stuck['parent'].info.run_id}" in note
     for arm in lab.ARMS:
         fix = stuck["arms"][arm.name]["fix"]
         assert f"| {arm.name} | " in note and f"`{fix}`" in note

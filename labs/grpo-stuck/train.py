@@ -4,8 +4,10 @@
 reads every run's curves and names what held learning back, with one next step as flags. This
 chapter breaks the book's run one way an arm, the way users break it, and shows each cause happen:
 
-    cut    max_completion_length 2: every completion is cut before its answer's tag closes
-    cold   temperature 0.05: the group samples one completion, repeated, so none beats its group
+    cut      max_completion_length 2: every completion is cut before its answer's tag closes
+    cold     temperature 0.05: the group samples one completion, repeated, so none beats its group
+    still    learning_rate 7e-5: a step too small to move the adapter off the base
+    leashed  beta 5: a KL pull that holds the policy at the reference
 
 After each broken arm the doctor's finding is read back, and the next step it printed (`raise
 --max-completion-length (now 2) to >= 13`) is parsed from its text (grpolab.judging.doctor.next_step)
@@ -13,7 +15,7 @@ and trained as arm `<cause>-fixed`: the mend is what the doctor said, never a se
 here. Each arm is a run nested under one MLflow run, whose Overview tables cause, finding, fix and
 held-out accuracy before and after.
 
-What it simplifies: short arms (24 steps on the CPU), one process for all arms (an arm's memory peak
+What it simplifies: short arms (16 steps on the CPU), one process for all arms (an arm's memory peak
 includes what earlier ones left), chapter 4's task (lastdigit), whose stand-in knows the task now and
 then. On a GPU, Qwen3-4B with the book's recipe on countdown.
 
