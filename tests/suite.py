@@ -413,7 +413,6 @@ def signal_after_steps(signum: int, steps: int = STEPS_BEFORE_SIGNAL):
     return on_line
 
 
-CULPRIT_STEPS = ["--max-steps", "6", "--eval-prompts", "0"]  # the run doctor reads a trend from 4 steps
 README_RUNS = "uv run python -m grpolab runs"
 README_MATRIX_PLAN = "uv run python -m grpolab.matrix --plan"
 README_MATRIX_QUICK = (

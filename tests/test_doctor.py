@@ -15,7 +15,7 @@ from grpolab.judging.evaluate import EvalResult
 from grpolab.lab.session import parser
 from task.rewards import RewardRole, UndeclaredRewardError, completion_text, declare_reward
 
-from suite import CULPRIT_STEPS, LAB_DIR, cpu_only, run_in_process
+from suite import LAB_DIR
 
 VALUES = {name: getattr(lab_settings(LAB_DIR, "gpu"), name) for name in FLAGS}
 STEPS = 40
@@ -661,32 +661,74 @@ def test_without_vllms_log_probs_the_rule_stays_quiet():
     assert "rollouts_not_from_policy" not in names(diagnose(history(), VALUES, set(FLAGS)))
 
 
-# --- on real runs ----------------------------------------------------------------------------------
-# The cut and the cold group, the still and the leashed policy are chapter 8's arms
-# (labs/grpo-stuck/test_chapter.py): each named by the doctor, and nothing else on it, on its README run
-# and on seeds 0-4 in the matrix. Here, the parse that never pays, on chapter 1's lab in this process.
-FINDING = re.compile(r"\[(\w+): ")
+# --- chapter 8's mistagged arm: open-r1's <answer> parse paid, the task's own watched at weight 0 -------
+def _mistagged_rewards():
+    from task.mistagged import answer_tag_reward
+
+    return (answer_tag_reward, *reversed(task.LASTDIGIT.reward_funcs)), [1.0, 1.0, 0.0]
 
 
-def printed_findings(stdout: str) -> set[str]:
-    (line,) = [ln for ln in stdout.splitlines() if ln.startswith("Run doctor:")]
-    return set(FINDING.findall(line))
+def mistagged_history(own=lambda t: 0.25) -> list[dict[str, float]]:
+    """The arm's logs, as its README run logged them: the paid parse at zero, the format learned, the
+    task's own correctness (watched) paying now and then, answers in the prompt's tag."""
+    return history(
+        **{
+            "rewards/answer_tag_reward/mean": lambda t: 0.0,
+            "rewards/format_reward/mean": lambda t: 0.11 + 0.09 * t,
+            "rewards/correctness_reward/mean": own,
+            "reward": lambda t: 0.11 + 0.09 * t,
+            "frac_reward_zero_std": lambda t: 0.2 + 0.7 * t,  # the format learned, groups alike
+            "completions/tag_like_ratio": lambda t: 0.85,
+            "kl": lambda t: 0.1 * t,
+        }
+    )
 
 
-@pytest.mark.slow
-@cpu_only("runs chapter 1's CPU profile in this process")
-def test_a_reward_whose_parse_fails_on_every_completion_is_told_it(lab_module, stack, tmp_path, monkeypatch):
-    """A parse that rejects every answer (as a tag the parser does not expect would): the rewards pay
-    nothing while the stand-in writes answers in their tags now and then."""
-    monkeypatch.setattr(task.rewards, "answer_span", lambda text: None)
-    # The task check refuses it before anything loads (the reference is paid nothing): trained anyway,
-    # the run shows what the doctor makes of it.
-    argv = ["--output-dir", str(tmp_path / "outputs"), *CULPRIT_STEPS, "--ignore-task-check"]
-    result = run_in_process(lab_module, argv, uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    assert result.code == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    found = printed_findings(result.stdout)
-    assert "reward_never_pays" in found, result.stdout[-2000:]
-    assert not found & {"cut_before_the_tag", "no_diversity"}, found
+def test_a_foreign_parse_that_never_pays_is_named_alone_with_the_tasks_own_reward_to_pay_instead():
+    """Paid for the format alone, the policy learns it while held-out accuracy falls: the parse's doing,
+    not a hack, and the step is to pay the task's own answer reward (chapter 8's mistagged arm, on
+    its README run, was also named reward_hacking, whose step mends nothing)."""
+    from grpolab.judging.doctor import reward_swap
+
+    funcs, weights = _mistagged_rewards()
+    before, after = EvalResult("base", 64, 0.734, 1.0, 4.1), EvalResult("adapter", 64, 0.609, 1.0, 4.0)
+    findings = diagnose(
+        mistagged_history(), LOOSE_RUN, set(FLAGS), before, after, reward_funcs=funcs, reward_weights=weights
+    )
+    assert names(findings) == {"reward_never_pays"}, findings
+    (finding,) = findings
+    assert "pay the task's own correctness_reward in place of answer_tag_reward (it paid 0.250" in str(
+        finding
+    )
+    assert reward_swap(finding) == ("answer_tag_reward", "correctness_reward")
+
+
+def test_no_swap_when_the_tasks_own_answer_reward_paid_nothing_either():
+    """The model may never be right: the step stays the parse to check by hand. The task's own
+    correctness is not named: its format, parsed by the same parse_answer, paid."""
+    from grpolab.judging.doctor import reward_swap
+
+    funcs, weights = _mistagged_rewards()
+    rows = mistagged_history(own=lambda t: 0.0)
+    findings = diagnose(rows, LOOSE_RUN, set(FLAGS), reward_funcs=funcs, reward_weights=weights)
+    (finding,) = [f for f in findings if f.name == "reward_never_pays"]
+    assert str(finding).startswith("reward_never_pays: answer_tag_reward paid nothing in 40 steps")
+    assert reward_swap(finding) is None and "fix the parse or what the prompt asks for" in str(finding)
+
+
+def test_a_format_rising_beside_an_answer_reward_that_pays_is_still_hacking():
+    """The hack is set aside only when every answer reward the run was paid stayed at zero."""
+    funcs, weights = _mistagged_rewards()
+    rows = history(
+        **{
+            "rewards/answer_tag_reward/mean": lambda t: 0.3 - 0.2 * t,
+            "rewards/format_reward/mean": lambda t: 0.05 + 0.15 * t,
+            "rewards/correctness_reward/mean": lambda t: 0.25,
+            "completions/tag_like_ratio": lambda t: 0.85,
+        }
+    )
+    findings = diagnose(rows, LOOSE_RUN, set(FLAGS), reward_funcs=funcs, reward_weights=weights)
+    assert "reward_hacking" in names(findings) and "reward_never_pays" not in names(findings)
 
 
 def test_the_verdict_says_how_each_paid_reward_moved():

@@ -41,7 +41,8 @@ SAMPLES = 4  # held-out completions shown per arm, before and after
 @dataclass(frozen=True)
 class Arm:
     """One way of training the chapter: the rewards it is paid (a key the lesson's `train` reads) and
-    the settings it changes from the chapter's (beta, ...)."""
+    the settings it changes from the chapter's (beta, ...). A key that names the rewards paid, joined
+    by `+` (`answer_tag_reward+format_reward`), is one the doctor's reward swap can rewrite."""
 
     name: str
     reward: str
@@ -213,12 +214,22 @@ def _arms(
 
 def fixed_arm(arm: Arm, findings, settings) -> Arm | None:
     """The arm that applies the next step the doctor printed in `arm.cause`'s finding, on top of the
-    broken arm's changes; None when the doctor did not name that cause."""
-    from grpolab.judging.doctor import next_step
+    broken arm's changes: the settings it names, or the reward it says to pay in place of another;
+    None when the doctor did not name that cause, or named a step that is not there to apply."""
+    from grpolab.judging.doctor import next_step, reward_swap
 
     finding = next((f for f in findings if f.name == arm.cause), None)
     if finding is None:
         return None
+    swap = reward_swap(finding)
+    if swap is not None:
+        silent, instead = swap
+        paid = arm.reward.split("+")
+        if silent not in paid:  # a key that does not name its rewards: nothing to rewrite
+            print(f"{arm.name}: the doctor's step swaps {silent}, which its key {arm.reward!r} does not name")
+            return None
+        reward = "+".join(instead if name == silent else name for name in paid)
+        return Arm(f"{arm.name}-fixed", reward, dict(arm.changes), fixes=arm.name)
     try:
         step = next_step(finding, settings)
     except ValueError as err:  # a next step with no value: shown, not guessed
@@ -286,11 +297,14 @@ def summary(arm: Arm, run) -> dict[str, Any]:
 
 
 def _fix(finding, settings) -> str | None:
-    """The next step a broken arm's finding printed, as the flags its mended arm trains with."""
-    from grpolab.judging.doctor import next_step
+    """The next step a broken arm's finding printed, as its mended arm applies it: flags, or the reward
+    it pays in place of the one that never paid."""
+    from grpolab.judging.doctor import next_step, reward_swap
 
     if finding is None:
         return None
+    if (swap := reward_swap(finding)) is not None:
+        return f"pay {swap[1]} in place of {swap[0]}"
     try:
         return _flags(next_step(finding, settings))
     except ValueError:
@@ -364,7 +378,7 @@ def causes_table(results: Sequence[dict[str, Any]]) -> str:
         if r.get("cause") is None:
             continue
         mended = next((m for m in results if m.get("fixes") == r["arm"]), None)
-        broke = ", ".join(f"{k} {v}" for k, v in r["changes"].items())
+        broke = ", ".join(f"{k} {v}" for k, v in r["changes"].items()) or f"paying {r['reward']}"
         named = ", ".join(r["finding_names"]) or "nothing"
         rows.append(
             f"| {r['arm']} | {broke} | {r['cause']} | {named} | `{r['fix'] or 'none'}` | "

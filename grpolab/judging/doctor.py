@@ -282,10 +282,19 @@ def diagnose(
         # first doctor named no_learning_signal beside the cut, and advised more generations.)
         findings = [f for f in findings if f.name not in ("no_diversity", "no_learning_signal")]
     findings += _proxy_hacking(rows, values, rewards, before, after)
-    findings += _reward_never_pays(rows, logged)
+    never = _reward_never_pays(rows, logged, values)
+    if never and answers and all(max(series(rows, r.metric) or [1.0]) == 0.0 for r in answers):
+        # Every answer reward the run was paid stayed at zero: it was paid for the format alone. The
+        # format rising while held-out accuracy falls, and groups that score the same once the format
+        # is learned, are the parse's doing. (Chapter 8's mistagged arm was also named reward_hacking,
+        # whose step, a smaller learning rate, mends nothing.)
+        findings = [f for f in findings if f.name not in ("reward_hacking", "no_learning_signal")]
+    findings += never
     findings += _rollouts_not_from_policy(rows, values, advise)
 
-    if not {"no_learning_signal", "cut_before_the_tag", "no_diversity"} & {f.name for f in findings}:
+    if not {"no_learning_signal", "cut_before_the_tag", "no_diversity", "reward_never_pays"} & {
+        f.name for f in findings
+    }:
         findings += _held_still(rows, values, answers, before, after, advise)
 
     # A flat reward that another finding explains (no signal, or one of the book's culprits) is not
@@ -443,25 +452,57 @@ def _no_diversity(rows: Sequence[dict[str, float]], values: Mapping[str, Any], a
     ]
 
 
-def _reward_never_pays(rows: Sequence[dict[str, float]], rewards: Sequence[RewardInfo]) -> list[Finding]:
+def _reward_never_pays(
+    rows: Sequence[dict[str, float]], rewards: Sequence[RewardInfo], values: Mapping[str, Any]
+) -> list[Finding]:
     """A reward that paid nothing on any step while the completions held something that looks like the
-    answer tag: its parse rejects what the model writes (a reward silently returning zeros)."""
+    answer tag: its parse rejects what the model writes (a reward silently returning zeros). When that
+    reward is not the task's own and the task's own answer reward, logged beside it, paid on the same
+    completions, the next step is to pay the task's (chapter 8's mistagged arm: open-r1's `<answer>`
+    parse on a prompt that asks for `<ans>`)."""
     tagged = series(rows, "completions/tag_like_ratio")
     if not tagged or statistics.fmean(tagged) < TAG_LIKE:
         return []
-    silent = [r for r in rewards if (s := series(rows, r.metric)) and max(s) == 0.0]
+    pays = {r for r in rewards if (s := series(rows, r.metric)) and max(s) > 0.0}
+    silent = [r for r in rewards if series(rows, r.metric) and r not in pays]
+    own = run_rewards(values) if values.get("task") else ()
+    if pays & set(own):
+        # A task's own rewards share its one parse_answer: one of them paying shows the parse reads
+        # what the model writes, and the silent one's zeros are wrong answers (no_learning_signal's).
+        silent = [r for r in silent if r not in own]
     if not silent:
         return []
     names = ", ".join(r.name for r in silent)
+    paying = [r for r in own if r.role is RewardRole.ANSWER and r in pays]
+    foreign = [r for r in silent if r.role is RewardRole.ANSWER and r not in own]
+    if paying and foreign:
+        step = (
+            f"pay the task's own {paying[0].name} in place of {foreign[0].name} (it paid "
+            f"{statistics.fmean(series(rows, paying[0].metric)):.3f} on the same completions: its parse reads the "
+            f"tag the task's prompt asks for)"
+        )
+    else:
+        step = (
+            "score a few of the run's completions by hand (its Traces tab) against the task's parse_answer, "
+            "and fix the parse or what the prompt asks for"
+        )
     return [
         Finding(
             "reward_never_pays",
             f"{names} paid nothing in {len(rows)} steps while {statistics.fmean(tagged):.0%} of completions held "
-            f"something that looks like the answer tag: the reward's parse rejects what the model writes: "
-            f"score a few of the run's completions by hand (its Traces tab) against the task's parse_answer, "
-            f"and fix the parse or what the prompt asks for",
+            f"something that looks like the answer tag: the reward's parse rejects what the model writes: {step}",
         )
     ]
+
+
+_SWAP = re.compile(r"pay the task's own (?P<instead>\w+) in place of (?P<silent>\w+)")
+
+
+def reward_swap(finding: Finding) -> tuple[str, str] | None:
+    """The reward a finding's next step says to pay in place of another, read back from its text:
+    (the silent reward's name, the task's own reward's name); None when it names no such swap."""
+    m = _SWAP.search(finding.message)
+    return None if m is None else (m["silent"], m["instead"])
 
 
 def _rollouts_not_from_policy(

@@ -19,6 +19,7 @@ CAUSES = {
     "cold": "no_diversity",
     "still": "held_at_the_start",
     "leashed": "held_at_the_start",
+    "mistagged": "reward_never_pays",
 }
 CLAIMS = (
     *(

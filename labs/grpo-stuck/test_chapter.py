@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from grpolab.config.settings import lab_settings
-from grpolab.judging.doctor import Finding, next_step
+from grpolab.judging.doctor import Finding, next_step, reward_swap
 
 from suite import chapter, cpu_only, load_lab_module, prose
 
@@ -64,8 +64,13 @@ def test_each_mended_arm_trains_the_next_step_its_broken_arm_printed(stuck, lab)
         broken, mended = stuck["arms"][arm.name], stuck["children"][f"{arm.name}-fixed"]
         (printed,) = [f for f in broken["findings"] if f.startswith(f"{arm.cause}: ")]
         finding = Finding(arm.cause, printed.split(": ", 1)[1])
-        step = next_step(finding, lab_settings(LAB_DIR, "cpu"))  # typed as the settings hold them
         assert printed in stuck["stdout"] and broken["fix"] in stuck["stdout"]
+        if (swap := reward_swap(finding)) is not None:  # the reward it said to pay, the break's settings kept
+            silent, instead = swap
+            assert mended.data.tags["arm.reward"] == arm.reward.replace(silent, instead) != arm.reward
+            assert all(mended.data.params[k] == str(v) for k, v in arm.changes.items())
+            continue
+        step = next_step(finding, lab_settings(LAB_DIR, "cpu"))  # typed as the settings hold them
         for setting, value in step.items():
             assert mended.data.params[setting] == str(value), (setting, mended.data.params[setting], value)
         for setting, value in arm.changes.items():

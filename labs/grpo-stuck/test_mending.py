@@ -7,7 +7,9 @@ from pathlib import Path
 
 from grpolab.chapters.arms import Arm, causes_table, fixed_arm
 from grpolab.config.settings import lab_settings
-from grpolab.judging.doctor import Finding
+from grpolab.judging.doctor import Finding, reward_swap
+
+from suite import load_lab_module
 
 LAB_DIR = Path(__file__).resolve().parent
 CUT = Arm("cut", "task", {"max_completion_length": 2, "max_steps": 12}, cause="cut_before_the_tag")
@@ -31,6 +33,45 @@ def test_no_mended_arm_when_the_cause_is_not_named_or_its_step_has_no_value(caps
     vague = Finding("cut_before_the_tag", "cut: raise --max-completion-length (now 2)")
     assert fixed_arm(CUT, [vague], settings) is None
     assert "names no setting with a value" in capsys.readouterr().out
+
+
+MISTAGGED = Arm("mistagged", "answer_tag_reward+format_reward", cause="reward_never_pays")
+SWAP = Finding(
+    "reward_never_pays",
+    "answer_tag_reward paid nothing in 16 steps while 85% of completions held something that looks like "
+    "the answer tag: the reward's parse rejects what the model writes: pay the task's own "
+    "correctness_reward in place of answer_tag_reward (it paid 0.262 on the same completions: ...)",
+)
+
+
+def test_the_mended_arm_pays_the_reward_the_doctor_named_in_place_of_the_silent_one():
+    settings = lab_settings(LAB_DIR, "cpu")
+    assert reward_swap(SWAP) == ("answer_tag_reward", "correctness_reward")
+    mended = fixed_arm(MISTAGGED, [SWAP], settings)
+    assert mended == Arm("mistagged-fixed", "correctness_reward+format_reward", {}, fixes="mistagged")
+
+
+def test_a_swap_the_arms_key_does_not_name_gives_no_mended_arm(capsys):
+    """Chapter 4's keys (`loose`) name no reward: a swap there is shown, not guessed at."""
+    loose = Arm("loose", "loose", cause="reward_never_pays")
+    assert fixed_arm(loose, [SWAP], lab_settings(LAB_DIR, "cpu")) is None
+    assert "its key 'loose' does not name" in capsys.readouterr().out
+    assert reward_swap(Finding("reward_never_pays", "fix the parse or what the prompt asks for")) is None
+
+
+def test_the_mistagged_arms_rewards_pay_its_key_and_watch_the_tasks_own():
+    """Its trainer gets open-r1's parse and the format, paid, and the task's correctness beside them at
+    weight 0, logged on the same completions: what the doctor reads the swap from."""
+    import task
+    from task.mistagged import answer_tag_reward
+
+    lab = load_lab_module(LAB_DIR)
+    funcs, weights = lab.rewards(task.LASTDIGIT, MISTAGGED.reward)
+    assert [f.__name__ for f in funcs] == ["answer_tag_reward", "format_reward", "correctness_reward"]
+    assert weights == [1.0, 1.0, 0.0] and funcs[0] is answer_tag_reward
+    funcs, weights = lab.rewards(task.LASTDIGIT, "correctness_reward+format_reward")
+    assert [f.__name__ for f in funcs] == ["correctness_reward", "format_reward"] and weights == [1.0, 1.0]
+    assert lab.rewards(task.LASTDIGIT, "task") == (list(task.LASTDIGIT.reward_funcs), None)
 
 
 def test_the_table_pairs_each_broken_arm_with_its_mended_one():

@@ -4,15 +4,17 @@
 reads every run's curves and names what held learning back, with one next step as flags. This
 chapter breaks the book's run one way an arm, the way users break it, and shows each cause happen:
 
-    cut      max_completion_length 2: every completion is cut before its answer's tag closes
-    cold     temperature 0.05: the group samples one completion, repeated, so none beats its group
-    still    learning_rate 7e-5: a step too small to move the adapter off the base
-    leashed  beta 5: a KL pull that holds the policy at the reference
+    cut        max_completion_length 2: every completion is cut before its answer's tag closes
+    cold       temperature 0.05: the group samples one completion, repeated, so none beats its group
+    still      learning_rate 7e-5: a step too small to move the adapter off the base
+    leashed    beta 5: a KL pull that holds the policy at the reference
+    mistagged  paid by open-r1's `<answer>` parse on a prompt that asks for `<ans>`: it never pays
 
 After each broken arm the doctor's finding is read back, and the next step it printed (`raise
 --max-completion-length (now 2) to >= 13`) is parsed from its text (grpolab.judging.doctor.next_step)
 and trained as arm `<cause>-fixed`: the mend is what the doctor said, never a second copy written
-here. Each arm is a run nested under one MLflow run, whose Overview tables cause, finding, fix and
+here (for the mistagged arm, the reward it said to pay in place of the silent one:
+grpolab.judging.doctor.reward_swap). Each arm is a run nested under one MLflow run, whose Overview tables cause, finding, fix and
 held-out accuracy before and after.
 
 What it simplifies: short arms (16 steps on the CPU), one process for all arms (an arm's memory peak
@@ -43,17 +45,51 @@ ARMS = (
     Arm("cold", "task", {"temperature": 0.05}, cause="no_diversity"),
     Arm("still", "task", {"learning_rate": 7e-5}, cause="held_at_the_start"),
     Arm("leashed", "task", {"beta": 5.0}, cause="held_at_the_start"),
+    Arm("mistagged", "answer_tag_reward+format_reward", cause="reward_never_pays"),
 )
 
 
-def grpo_config(s: LabSettings, output_dir: Path, precision: dict[str, bool]):
-    """Chapter 1's GRPOConfig, from the arm's settings: its break, or its break and the doctor's step."""
-    return FIRST.grpo_config(s, output_dir, precision)
+def rewards(task, key: str) -> tuple[list, list[float] | None]:
+    """The reward functions an arm's trainer gets, and their weights. `task`: the task's own, all paid.
+    Else the rewards the key names, paid, and beside them at weight 0 the task's own the key leaves
+    out: logged on the same completions, paying nothing, so the doctor reads the task's answer reward
+    beside the one the arm is paid (chapter 4's watched reward)."""
+    from task.mistagged import answer_tag_reward
+
+    own = list(task.reward_funcs)  # correctness_reward, format_reward
+    if key == "task":
+        return own, None
+    known = {f.__name__: f for f in (*own, answer_tag_reward)}
+    names = key.split("+")
+    if unknown := [n for n in names if n not in known]:
+        raise ValueError(f"unknown reward {', '.join(unknown)}: the arm's key names {', '.join(known)}")
+    paid = [known[n] for n in names]
+    watched = [f for f in own if f not in paid]
+    return [*paid, *watched], [1.0] * len(paid) + [0.0] * len(watched)
+
+
+def grpo_config(s: LabSettings, output_dir: Path, precision: dict[str, bool], reward_weights=None):
+    """Chapter 1's GRPOConfig, from the arm's settings (its break, or its break and the doctor's step),
+    with the arm's reward weights (None: every reward paid)."""
+    config = FIRST.grpo_config(s, output_dir, precision)
+    config.reward_weights = reward_weights
+    return config
 
 
 def train(run: grpolab.Run, reward: str = "task") -> None:
-    """One arm: chapter 1's lesson, on the task's own rewards, with the arm's settings."""
-    FIRST.train(run, config=grpo_config)
+    """One arm: chapter 1's trainer call, paid by the arm's rewards, with the arm's settings."""
+    model, tokenizer = run.load_policy()  # Unsloth first: on a GPU it swaps in its own GRPOTrainer
+    from trl import GRPOTrainer
+
+    funcs, weights = rewards(run.task, reward)
+    trainer = GRPOTrainer(
+        model=model,
+        processing_class=tokenizer,
+        reward_funcs=funcs,
+        args=grpo_config(run.settings, run.output_dir, run.precision(model), weights),
+        train_dataset=run.train_dataset,
+    )
+    run.train(trainer)
 
 
 def main(argv: list[str] | None = None) -> int:
