@@ -633,12 +633,15 @@ _PROCESS_EVENTS = {
 # (MLflow tags a run with `git`, `platform` asks `uname`, ctypes asks `ldconfig`).
 _LIBRARY_PROBES = {"git", "uname", "ldconfig", "lsb_release", "nvidia-smi"}
 _started_on_main_thread = [0]
+_preloading = [False]  # the `stack` fixture's preload: shared by every test that asks for it, not one test's
 
 
 def _count_processes(event: str, args: tuple) -> None:
     if event not in _PROCESS_EVENTS or threading.current_thread() is not threading.main_thread():
         return
     if event == "subprocess.Popen" and Path(str(args[0] or args[1][0])).name in _LIBRARY_PROBES:
+        return
+    if _preloading[0]:
         return
     if not _importing():  # an import's own check (Unsloth's) is the import's doing, not the test's
         _started_on_main_thread[0] += 1
@@ -692,7 +695,14 @@ def stack() -> None:
     with warnings.catch_warnings():
         # The suite's collection imported transformers, TRL and PEFT before Unsloth: Unsloth says so.
         warnings.filterwarnings("ignore", message=".*Unsloth should be imported before")
-        forkserver.preload()
+        # Preloading asks inductor which vector instructions it may build for, a compile per candidate
+        # in processes of its own: the session's, charged to no test (the first fast test to ask for
+        # the stack was told to mark itself slow).
+        _preloading[0] = True
+        try:
+            forkserver.preload()
+        finally:
+            _preloading[0] = False
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@
 #
 # This notebook follows `labs/grpo-stuck/train.py`. Each arm breaks the book's run one way (a length
 # with no room for the answer, a temperature near zero, a learning rate too small, a KL pull too
-# strong); the run doctor names what held it back and prints one next step; the chapter parses that
+# strong, a reward that parses another tag than the prompt asks for); the run doctor names what held it back and prints one next step; the chapter parses that
 # step from the finding's text and trains it. Here: the table of cause, finding, fix and held-out
 # accuracy; correctness per step, broken beside mended; and each finding read back into flags.
 #
@@ -48,7 +48,7 @@ if profile == "cpu":
     print("No CUDA GPU found: the arms below are the lab's CPU profile, the tiny Qwen3 stand-in.")
 else:
     print("CUDA GPU found: the arms below are the lab's real profile, Qwen3-4B in 4-bit with vLLM.")
-print("arms:", ", ".join(f"{a.name} ({dict(a.changes)}, {a.cause})" for a in lab.ARMS))
+print("arms:", ", ".join(f"{a.name} ({dict(a.changes) or a.reward}, {a.cause})" for a in lab.ARMS))
 
 # %% [markdown]
 # ## 1. The chapter's run, read back from MLflow
@@ -95,7 +95,7 @@ pd.DataFrame(
     [
         {
             "arm": a["arm"],
-            "broken by": a["changes"] if a["cause"] else "",
+            "broken by": (a["changes"] or f"paying {a['reward']}") if a["cause"] else "",
             "the doctor named": ", ".join(a["finding_names"]) or "nothing",
             "its next step": a["fix"] or "",
             "held-out before": a["held_out"]["base"]["accuracy"],
@@ -169,15 +169,22 @@ display(Image(filename=client.download_artifacts(parent.info.run_id, "arms/broke
 #
 # The fix each mended arm trained is the finding's own text, parsed: `next_step` reads the changes a
 # line of advice names (`budgets.advice.parse`, the inverse of how the doctor renders them) and types
-# them as the settings hold them. The mended arm's MLflow params are those values.
+# them as the settings hold them. The mended arm's MLflow params are those values. A parse that never
+# pays is mended by a reward, not a flag: `reward_swap` reads which to pay in place of the silent one,
+# and the mended arm's tag `arm.reward` names the rewards it was paid.
 
 # %%
-from grpolab.judging.doctor import Finding, next_step
+from grpolab.judging.doctor import Finding, next_step, reward_swap
 
 for arm in lab.ARMS:
     if arm.name not in record:
         continue
     (printed,) = [f for f in record[arm.name]["findings"] if f.startswith(f"{arm.cause}: ")]
-    step = next_step(Finding(arm.cause, printed.split(": ", 1)[1]), settings)
-    trained = {k: children[f"{arm.name}-fixed"].data.params[k] for k in step}
+    finding = Finding(arm.cause, printed.split(": ", 1)[1])
+    mended = children[f"{arm.name}-fixed"].data
+    if (swap := reward_swap(finding)) is not None:
+        step, trained = f"pay {swap[1]} in place of {swap[0]}", mended.tags["arm.reward"]
+    else:
+        step = next_step(finding, settings)
+        trained = {k: mended.params[k] for k in step}
     print(f"{arm.name}: ...{printed[-90:]}\n    -> {step}; the mended arm trained with {trained}")

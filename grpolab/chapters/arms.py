@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -487,9 +488,8 @@ def causes_chart(results: Sequence[dict[str, Any]]):
                     label=f"{label}: held-out accuracy",
                 )
         ax.set(xlabel="step", ylim=(-0.02, 1.02))
-        ax.set_title(
-            f"{r['arm']}: {r['cause']}\nmended by {r['fix'] or 'nothing (no next step)'}", fontsize=9
-        )
+        mended_by = textwrap.fill(f"mended by {r['fix'] or 'nothing (no next step)'}", 44)  # a panel's width
+        ax.set_title(f"{r['arm']}: {r['cause']}\n{mended_by}", fontsize=9)
     axes[0][0].set_ylabel("share right")
     axes[0][0].legend(fontsize=7, loc="center left")
     fig.tight_layout()

@@ -85,6 +85,17 @@ def test_the_task_check_in_the_run_caught_the_cut_before_a_step_was_trained(stuc
     assert stuck["children"]["cut-fixed"].data.tags["task_check"] == "passed"
 
 
+def test_the_task_check_of_the_paid_rewards_caught_the_mistagged_parse_before_a_step_was_trained(stuck):
+    """Paid open-r1's `<answer>` reward, the arm's rewards fail chapter 7's reference line (the right
+    answer in `<ans>` is paid 0 of 1); the rewards its mended arm is paid pass. The arms on the task's
+    own rewards have no such tag: their check is the run's own (`task_check`)."""
+    children = stuck["children"]
+    assert children["mistagged"].data.tags["task_check_paid"] == "failed: reference"
+    assert children["mistagged-fixed"].data.tags["task_check_paid"] == "passed"
+    assert children["mistagged"].data.tags["task_check"] == "passed"  # the task itself is sound
+    assert "task_check_paid" not in children["cold"].data.tags
+
+
 def test_the_books_claims_hold_each_cause_named_and_mended(chapter_claims):
     assert chapter_claims.failures == [], chapter_claims.figures
 

@@ -29,6 +29,7 @@ Usage:
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import grpolab
@@ -68,6 +69,18 @@ def rewards(task, key: str) -> tuple[list, list[float] | None]:
     return [*paid, *watched], [1.0] * len(paid) + [0.0] * len(watched)
 
 
+def check_paid(task, funcs, weights) -> str:
+    """Chapter 7's pre-flight (`task check`) of the rewards an arm is paid, as if they were its task's:
+    the check a reader's own task file with these rewards meets before any run. The run's own check
+    (tag `task_check`) scored the task's rewards; this one (tag `task_check_paid`) the arm's."""
+    from task.check import check
+
+    paid = tuple(f for f, w in zip(funcs, weights, strict=True) if w)
+    report = check(dataclasses.replace(task, reward_funcs=paid), fast=True)
+    print(report.verdict())
+    return "passed" if report.ok else "failed: " + ",".join(f.check for f in report.failed)
+
+
 def grpo_config(s: LabSettings, output_dir: Path, precision: dict[str, bool], reward_weights=None):
     """Chapter 1's GRPOConfig, from the arm's settings (its break, or its break and the doctor's step),
     with the arm's reward weights (None: every reward paid)."""
@@ -82,6 +95,10 @@ def train(run: grpolab.Run, reward: str = "task") -> None:
     from trl import GRPOTrainer
 
     funcs, weights = rewards(run.task, reward)
+    if weights is not None:  # paid other rewards than the task's: would its pre-flight have caught them?
+        import mlflow
+
+        mlflow.set_tag("task_check_paid", check_paid(run.task, funcs, weights))
     trainer = GRPOTrainer(
         model=model,
         processing_class=tokenizer,
