@@ -89,6 +89,7 @@ class Background:
         self.commands = commands or {}  # a chapter's command for the suite, where its tests name one
         self.jobs: dict[str, Future] = {}
         self.started: dict[str, float] = {}
+        self.ended: dict[str, float] = {}
         self.cleanup: list[Callable[[], None]] = []
         self._lock = threading.Lock()
 
@@ -103,10 +104,25 @@ class Background:
 
     def _run(self, key: str, work, future: Future) -> None:
         try:
-            future.set_result(work(self, key.partition(":")[2]))
+            result = work(self, key.partition(":")[2])
         except BaseException as error:  # the test that reads it reports it
             error.add_note(f"in the suite's background run {key!r}:\n{traceback.format_exc()}")
+            self.ended[key] = time.perf_counter()
             future.set_exception(error)
+        else:
+            self.ended[key] = time.perf_counter()
+            future.set_result(result)
+
+    def timeline(self, since: float) -> str:
+        """When each run started and ended, in seconds from `since` (the session's start): the suite's
+        tail is the run that ends last, and what a change to the suite's time must shorten."""
+        spans = [
+            f"{key} {self.started[key] - since:.0f}-{self.ended[key] - since:.0f} s"
+            if key in self.ended
+            else f"{key} {self.started[key] - since:.0f} s-, not ended"
+            for key in sorted(self.started, key=lambda k: self.ended.get(k, float("inf")))
+        ]
+        return "background runs, started-ended: " + ", ".join(spans)
 
     def result(self, key: str) -> Any:
         return self.start(key).result()
@@ -463,6 +479,13 @@ def pytest_report_collectionfinish(config: pytest.Config, start_path: Path, item
 
 NEEDED = pytest.StashKey[list]()
 BACKGROUND = pytest.StashKey[Background]()
+SESSION_START = time.perf_counter()  # this module is imported as the session begins
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    background = config.stash.get(BACKGROUND, None)
+    if background is not None and background.started:
+        terminalreporter.write_line(background.timeline(SESSION_START))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
