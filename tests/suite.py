@@ -10,6 +10,7 @@ in its folder (`labs/<name>/test_*.py`) and read its README run through the `cha
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -273,6 +274,7 @@ class Lab:
         on_line: Callable[[Lab, str], None] | None = None,
         threads: int = 1,
         env: dict[str, str] | None = None,
+        nice: int = 0,
     ) -> None:
         self.name, self.folder, self.uri = name, folder, uri
         self.output: Path | None = None  # its --output-dir, where the caller knows it
@@ -307,6 +309,9 @@ class Lab:
                     text=True,
                     preexec_fn=_default_signals,
                 )
+        if nice:  # a lower priority: the scheduler's share, never a computed bit
+            with contextlib.suppress(ProcessLookupError):
+                os.setpriority(os.PRIO_PROCESS, self.process.pid, nice)
         self.reader = threading.Thread(target=self._read, name=f"lab-{name}", daemon=True)
         self.reader.start()
 
