@@ -50,6 +50,10 @@ HELP: dict[str, str] = {
         "Unsloth's standby (UNSLOTH_VLLM_STANDBY): vLLM releases its KV cache while the trainer runs; "
         "TRL's vllm_enable_sleep_mode in the colocate layout"
     ),
+    "rollout_adapter": (
+        "sample the rollouts with the LoRA adapter on (false: from the base while the adapter trains, "
+        "the failure chapter 8 reproduces without vLLM)"
+    ),
     "unsloth_vllm_standby_util_override": "UNSLOTH_VLLM_STANDBY_UTIL_OVERRIDE: keep gpu_memory_utilization under standby",
     "max_num_seqs": "vLLM's batch (default: what Unsloth or TRL pick)",
     "enforce_eager": "vLLM without CUDA graphs",

@@ -10,7 +10,7 @@ import pytest
 import task
 import task.rewards
 from grpolab.config.settings import FLAGS, lab_settings
-from grpolab.judging.doctor import diagnose, trends, verdict
+from grpolab.judging.doctor import diagnose, next_step, trends, verdict
 from grpolab.judging.evaluate import EvalResult
 from grpolab.lab.session import parser
 from task.rewards import RewardRole, UndeclaredRewardError, completion_text, declare_reward
@@ -654,6 +654,36 @@ def test_rollouts_not_from_the_policy_on_metrics_shaped_like_each_case(case, gap
     if fires:
         assert "the rollouts do not come from the adapter being trained" in str(found[0])
         assert "set --fast-inference false" in str(found[0])
+
+
+def test_on_the_cpus_reproduction_the_next_step_turns_the_adapter_back_on():
+    """Chapter 8's unsynced arm (rollout_adapter false, grpolab.model.rollouts) logs the same gap on the
+    CPU; its next step is the setting that broke it, as a value next_step applies, not vLLM's advice."""
+    rows = history(**{GAP: lambda t: 0.01 + 0.6 * t, "kl": lambda t: 0.02 + 0.5 * t})
+    values = {**VALUES, "rollout_adapter": False, "fast_inference": False}
+    (found,) = [f for f in diagnose(rows, values, set(FLAGS)) if f.name == "rollouts_not_from_policy"]
+    assert "the rollouts come from the base, with the adapter being trained disabled" in str(found)
+    assert "set --rollout-adapter true" in str(found) and "vLLM" not in str(found)
+    assert next_step(found, lab_settings(LAB_DIR, "cpu").replace(rollout_adapter=False)) == {
+        "rollout_adapter": True
+    }
+
+
+def test_a_flat_reward_that_unsynced_rollouts_explain_is_not_named_twice():
+    """Rollouts from the base score the base: the reward stays flat, which more steps do not cure."""
+    flat = {"reward": lambda t: 0.6, "rewards/correctness_reward/mean": lambda t: 0.5}
+    rows = history(**flat, **{GAP: lambda t: 0.01 + 0.6 * t, "kl": lambda t: 0.02 + 0.5 * t})
+    values = {**VALUES, "rollout_adapter": False}
+    assert names(diagnose(rows, values, set(FLAGS))) == {"rollouts_not_from_policy"}
+
+
+def test_a_kl_measured_on_rollouts_from_another_policy_is_not_named_as_drift():
+    """TRL's KL is estimated on the rollouts; from the base, it is not the adapter's drift, and its
+    step (a smaller learning rate) mends nothing. Without the gap the same KL is named."""
+    kl = {"kl": lambda t: 0.1 + 3.0 * t}
+    assert "kl_climbing" in names(diagnose(history(**kl), VALUES, set(FLAGS)))
+    served = history(**kl, **{GAP: lambda t: 0.01 + 1.6 * t})
+    assert names(diagnose(served, VALUES, set(FLAGS))) == {"rollouts_not_from_policy"}
 
 
 def test_without_vllms_log_probs_the_rule_stays_quiet():

@@ -79,9 +79,10 @@ BEFORE_THE_RECIPE = json.loads(
 # seed climbs, issue 30), scored on more held-out prompts (its lab.toml); on a GPU, every chapter holds vLLM's log-probs against the trainer's,
 # so the run doctor can tell whether the rollouts are the adapter's (the recipe).
 # Every chapter has a task_config since chapter 7 (a task from a data file or reasoning-gym takes one):
-# the book's tasks take none.
+# the book's tasks take none. Every run says whether its rollouts were sampled with the adapter it
+# trains since chapter 8 (`rollout_adapter`: false reproduces vLLM serving the base).
 ON_A_GPU = {"vllm_importance_sampling_correction": "true"}
-NO_TASK_CONFIG = {"task_config": "{}"}
+NO_TASK_CONFIG = {"task_config": "{}", "rollout_adapter": "true"}
 CHANGED_SINCE = {
     **{key: NO_TASK_CONFIG for key in BEFORE_THE_RECIPE},
     "grpo-first/cpu": {
@@ -168,6 +169,10 @@ def test_the_budgets_prompt_length_follows_the_task_and_bounds_its_tokens(task):
         ({"optim": "sgd"}, "optim: must be one of"),
         ({"dtype": "float32", "fast_inference": True}, "does not run float32: pass --dtype auto"),
         ({"unsloth_vllm_standby": True}, "fast_inference is false (no vLLM)"),
+        (
+            {"rollout_adapter": False, "fast_inference": True, "dtype": "auto"},
+            "pass --fast-inference false, or --rollout-adapter true",
+        ),
     ],
 )
 def test_settings_that_cannot_work_get_one_line_with_the_fix(change, words):

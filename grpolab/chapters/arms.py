@@ -37,6 +37,7 @@ CAUSES_CHART = "arms/broken_and_mended.png"  # the chart of arms that each repro
 COMPLETIONS = "arms/completions.md"
 RECORD = "arms/arms.json"
 SAMPLES = 4  # held-out completions shown per arm, before and after
+PANELS_PER_ROW = 3  # chapter 8's picture: three causes a row, so the page shows it at a readable size
 
 
 @dataclass(frozen=True)
@@ -469,8 +470,13 @@ def causes_chart(results: Sequence[dict[str, Any]]):
     import matplotlib.pyplot as plt
 
     broken = [r for r in results if r.get("cause") is not None]
-    fig, axes = plt.subplots(1, len(broken), figsize=(3.6 * len(broken), 3.4), squeeze=False, sharey=True)
-    for ax, r in zip(axes[0], broken, strict=True):
+    columns = min(len(broken), PANELS_PER_ROW)
+    rows = -(-len(broken) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 3.4 * rows), squeeze=False, sharey=True)
+    panels = [ax for row in axes for ax in row]
+    for ax in panels[len(broken) :]:  # a last row not full
+        ax.set_visible(False)
+    for ax, r in zip(panels, broken, strict=False):
         mended = next((m for m in results if m.get("fixes") == r["arm"]), None)
         for arm, color, label in ((r, "tab:red", "broken"), (mended, "tab:green", "mended")):
             if arm is None:
@@ -490,7 +496,8 @@ def causes_chart(results: Sequence[dict[str, Any]]):
         ax.set(xlabel="step", ylim=(-0.02, 1.02))
         mended_by = textwrap.fill(f"mended by {r['fix'] or 'nothing (no next step)'}", 44)  # a panel's width
         ax.set_title(f"{r['arm']}: {r['cause']}\n{mended_by}", fontsize=9)
-    axes[0][0].set_ylabel("share right")
+    for row in axes:
+        row[0].set_ylabel("share right")
     axes[0][0].legend(fontsize=7, loc="center left")
     fig.tight_layout()
     return fig

@@ -103,6 +103,7 @@ class LabSettings:
     # --- optional -----------------------------------------------------------------------------
     task_config: str = setting(default="{}")
     unsloth_vllm_standby: bool = setting(default=False)
+    rollout_adapter: bool = setting(default=True)
     other_processes_gib: float = setting(default=0.0)
     # --- what the chapter declares (lab.toml only: not a flag, not a param) ------------------------
     layout: str = field(default="shared", metadata={"flag": False})
@@ -317,6 +318,12 @@ def check(s: LabSettings) -> None:
         raise LabSettingsError(
             "unsloth_vllm_standby: standby puts Unsloth's in-process vLLM to sleep while the trainer runs, and "
             "fast_inference is false (no vLLM): pass --fast-inference true or --unsloth-vllm-standby false"
+        )
+    if not s.rollout_adapter and s.fast_inference:
+        raise LabSettingsError(
+            "rollout_adapter: false samples the rollouts with the adapter disabled on the trainer's own "
+            "generation (chapter 8's reproduction of vLLM serving the base), and fast_inference samples "
+            "them in vLLM: pass --fast-inference false, or --rollout-adapter true"
         )
     _check_model(s)
     try:

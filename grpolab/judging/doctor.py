@@ -290,7 +290,12 @@ def diagnose(
         # whose step, a smaller learning rate, mends nothing.)
         findings = [f for f in findings if f.name not in ("reward_hacking", "no_learning_signal")]
     findings += never
-    findings += _rollouts_not_from_policy(rows, values, advise)
+    if off_policy := _rollouts_not_from_policy(rows, values, advise):
+        # TRL estimates the KL (k3) and the entropy on the rollouts, as if they were the policy's own
+        # samples: from another policy they measure that one, not the adapter's drift. (Chapter 8's
+        # unsynced arm was also named kl_climbing, whose step, a smaller learning rate, mends nothing.)
+        findings = [f for f in findings if f.name not in ("kl_climbing", "entropy_collapsed")]
+    findings += off_policy
 
     if not {"no_learning_signal", "cut_before_the_tag", "no_diversity", "reward_never_pays"} & {
         f.name for f in findings
@@ -305,6 +310,7 @@ def diagnose(
         "no_diversity",
         "reward_never_pays",
         "held_at_the_start",
+        "rollouts_not_from_policy",
     }
     if reward and not explained & {f.name for f in findings}:
         first, _, _, last = quarters(reward)
@@ -511,7 +517,8 @@ def _rollouts_not_from_policy(
     """vLLM's log-probs of its own samples drift away from the trainer's as the adapter trains: the
     rollouts come from another policy than the one being trained, the base when the adapter never
     reaches vLLM (Unsloth PR 8701: losses look finite, nothing is learned). Read where it is logged:
-    a GPU run with `vllm_importance_sampling_correction` on."""
+    a GPU run with `vllm_importance_sampling_correction` on, and a CPU run with `rollout_adapter`
+    false (chapter 8's reproduction, grpolab.model.rollouts), whose next step turns it back on."""
     gap = series(rows, LOGP_METRIC)
     if not gap:
         return []
@@ -520,11 +527,21 @@ def _rollouts_not_from_policy(
         return []
     kl = series(rows, "kl")
     beside = f", beside a KL to the base of {quarters(kl)[3]:.3f}" if kl else ""
+    drift = f"{first:.3f} -> {last:.3f} nats per token (first and last quarter, {LOGP_METRIC}){beside}"
+    if values.get("rollout_adapter") is False:
+        # The CPU's reproduction (grpolab.model.rollouts): the run itself said to sample from the base.
+        return [
+            Finding(
+                "rollouts_not_from_policy",
+                f"the sampler's log-probs of the completions it sampled drifted from the trainer's, {drift}: "
+                "the rollouts come from the base, with the adapter being trained disabled: "
+                f"{advise(set_to('rollout_adapter', True))}",
+            )
+        ]
     return [
         Finding(
             "rollouts_not_from_policy",
-            f"vLLM's log-probs of the completions it sampled drifted from the trainer's, {first:.3f} -> "
-            f"{last:.3f} nats per token (first and last quarter, {LOGP_METRIC}){beside}: the rollouts do "
+            f"vLLM's log-probs of the completions it sampled drifted from the trainer's, {drift}: the rollouts do "
             "not come from the adapter being trained (the LoRA weights never reached vLLM): update unsloth "
             f"and unsloth_zoo, or {advise(set_to('fast_inference', False))} to generate with the trainer's own model",
         )

@@ -105,6 +105,10 @@ class Run:
         self.boundary = StepBoundary()
         trainer.add_callback(self.boundary)
         self.meter.attach(trainer)
+        if not self.settings.rollout_adapter:  # chapter 8's stale arm: the rollouts from the base
+            from grpolab.model.rollouts import serve_the_base
+
+            serve_the_base(trainer)
         console.use_step_lines(trainer, self.meter)  # one compact line per step under the bar
         # What it wrote, as traces (a resumed run's steps already logged are not traced twice).
         trainer.add_callback(completions.CompletionLog(trainer, logged_through=self.meter.logged_through[1]))

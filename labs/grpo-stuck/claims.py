@@ -20,6 +20,7 @@ CAUSES = {
     "still": "held_at_the_start",
     "leashed": "held_at_the_start",
     "mistagged": "reward_never_pays",
+    "unsynced": "rollouts_not_from_policy",
 }
 CLAIMS = (
     *(

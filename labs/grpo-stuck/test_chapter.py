@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from grpolab.config.settings import lab_settings
-from grpolab.judging.doctor import Finding, next_step, reward_swap
+from grpolab.judging.doctor import LOGP_GAP, LOGP_METRIC, Finding, next_step, reward_swap
 
 from suite import chapter, cpu_only, load_lab_module, prose
 
@@ -47,6 +47,7 @@ def stuck(chapter_run):
         "children": {r.data.tags["arm"]: r for r in chapter_run.children(parent)},
         "arms": {a["arm"]: a for a in record["arms"]},
         "stdout": chapter_run.stdout,
+        "client": chapter_run.client,
     }
 
 
@@ -94,6 +95,20 @@ def test_the_task_check_of_the_paid_rewards_caught_the_mistagged_parse_before_a_
     assert children["mistagged-fixed"].data.tags["task_check_paid"] == "passed"
     assert children["mistagged"].data.tags["task_check"] == "passed"  # the task itself is sound
     assert "task_check_paid" not in children["cold"].data.tags
+
+
+def test_the_unsynced_arms_sampler_drifted_from_its_trainer_and_its_mended_arm_sampled_the_adapter(stuck):
+    """The gap the doctor read is TRL's metric, logged on the CPU by grpolab.model.rollouts: the
+    sampler (the base) and the trainer (the adapter) part as the adapter trains; the mended arm
+    samples with the adapter it trains, so there is no second model to measure against."""
+    broken, mended = stuck["children"]["unsynced"], stuck["children"]["unsynced-fixed"]
+    history = stuck["client"].get_metric_history(broken.info.run_id, LOGP_METRIC)
+    first, last = history[0].value, history[-1].value
+    assert first < 0.01 < LOGP_GAP < last, (first, last)  # the adapter starts at zero, then drifts
+    assert (
+        broken.data.params["rollout_adapter"] == "False" and mended.data.params["rollout_adapter"] == "True"
+    )
+    assert LOGP_METRIC not in mended.data.metrics
 
 
 def test_the_books_claims_hold_each_cause_named_and_mended(chapter_claims):

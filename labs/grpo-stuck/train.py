@@ -9,6 +9,8 @@ chapter breaks the book's run one way an arm, the way users break it, and shows 
     still      learning_rate 7e-5: a step too small to move the adapter off the base
     leashed    beta 5: a KL pull that holds the policy at the reference
     mistagged  paid by open-r1's `<answer>` parse on a prompt that asks for `<ans>`: it never pays
+    unsynced   rollouts sampled from the base while the adapter trains (on a GPU: the LoRA weights
+               never reach vLLM; here the trainer's own generation, its adapter disabled)
 
 After each broken arm the doctor's finding is read back, and the next step it printed (`raise
 --max-completion-length (now 2) to >= 13`) is parsed from its text (grpolab.judging.doctor.next_step)
@@ -47,6 +49,7 @@ ARMS = (
     Arm("still", "task", {"learning_rate": 7e-5}, cause="held_at_the_start"),
     Arm("leashed", "task", {"beta": 5.0}, cause="held_at_the_start"),
     Arm("mistagged", "answer_tag_reward+format_reward", cause="reward_never_pays"),
+    Arm("unsynced", "task", {"rollout_adapter": False}, cause="rollouts_not_from_policy"),
 )
 
 
