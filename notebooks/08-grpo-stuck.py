@@ -18,7 +18,8 @@
 #
 # This notebook follows `labs/grpo-stuck/train.py`. Each arm breaks the book's run one way (a length
 # with no room for the answer, a temperature near zero, a learning rate too small, a KL pull too
-# strong, a reward that parses another tag than the prompt asks for); the run doctor names what held it back and prints one next step; the chapter parses that
+# strong, a reward that parses another tag than the prompt asks for, rollouts sampled from the base
+# while the adapter trains); the run doctor names what held it back and prints one next step; the chapter parses that
 # step from the finding's text and trains it. Here: the table of cause, finding, fix and held-out
 # accuracy; correctness per step, broken beside mended; and each finding read back into flags.
 #
