@@ -48,7 +48,7 @@ class LabSettings:
         task, task_config, model, gpu, load_in_4bit, dtype, fast_inference, max_seq_length, gpu_memory_utilization,
         lora_rank, lora_alpha, max_lora_rank, target_modules, use_gradient_checkpointing
     Parameters that control generation (the group):
-        num_generations, max_completion_length, temperature, top_p
+        num_generations, max_completion_length, temperature, top_p, rollout_adapter
     Parameters that control the loss and the optimizer:
         loss_type, scale_rewards, beta, epsilon, num_iterations, optim, learning_rate,
         lr_scheduler_type, warmup_steps, weight_decay, max_grad_norm, per_device_train_batch_size,
