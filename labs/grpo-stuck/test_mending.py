@@ -100,3 +100,15 @@ def test_the_table_pairs_each_broken_arm_with_its_mended_one():
         "| cold | temperature 0.05 | no_diversity | no_diversity | `--temperature 1` | 73.4% -> 71.9% | 73.4% -> 100.0% |"
     )
     assert causes_table([result("exact", None, None, [], None, 0.5, 0.6)]) == ""
+
+
+def test_every_arm_passes_the_settings_check_on_both_profiles():
+    """The chapter checks every arm's settings before the first loads anything, so one arm that cannot
+    run on a profile refuses the whole chapter there: the unsynced arm breaks the trainer's own
+    generation, which a GPU run has only with vLLM off (`rollout_adapter` false is refused with it)."""
+    from grpolab.config.settings import check
+
+    lab = load_lab_module(LAB_DIR)
+    for profile in ("cpu", "gpu"):
+        for arm in lab.ARMS:
+            check(lab_settings(LAB_DIR, profile).replace(**arm.changes))

@@ -49,7 +49,13 @@ ARMS = (
     Arm("still", "task", {"learning_rate": 7e-5}, cause="held_at_the_start"),
     Arm("leashed", "task", {"beta": 5.0}, cause="held_at_the_start"),
     Arm("mistagged", "answer_tag_reward+format_reward", cause="reward_never_pays"),
-    Arm("unsynced", "task", {"rollout_adapter": False}, cause="rollouts_not_from_policy"),
+    # The trainer's own generation, broken: on a GPU too, where vLLM would otherwise sample.
+    Arm(
+        "unsynced",
+        "task",
+        {"rollout_adapter": False, "fast_inference": False},
+        cause="rollouts_not_from_policy",
+    ),
 )
 
 
