@@ -686,6 +686,21 @@ def test_a_kl_measured_on_rollouts_from_another_policy_is_not_named_as_drift():
     assert names(diagnose(served, VALUES, set(FLAGS))) == {"rollouts_not_from_policy"}
 
 
+def test_rewards_scored_on_another_policys_rollouts_are_not_read_as_hacking():
+    """Chapter 8's unsynced arm, seed 3: the base's format reward wandered up while the answer reward
+    did not and held-out accuracy fell; the rollouts were the base's, so their rewards say nothing of
+    what the adapter learned. Without the gap the same curves are named reward_hacking."""
+    hacked = {
+        "rewards/format_reward/mean": lambda t: 0.088 + 0.04 * t,
+        "rewards/correctness_reward/mean": lambda t: 0.14 - 0.06 * t,
+    }
+    before, after = EvalResult("base", 64, 0.734, 1.0, 4.1), EvalResult("adapter", 64, 0.641, 1.0, 4.0)
+    rows = history(**hacked)
+    assert "reward_hacking" in names(diagnose(rows, VALUES, set(FLAGS), before, after))
+    served = history(**hacked, **{GAP: lambda t: 0.01 + 1.6 * t})
+    assert names(diagnose(served, VALUES, set(FLAGS), before, after)) == {"rollouts_not_from_policy"}
+
+
 def test_without_vllms_log_probs_the_rule_stays_quiet():
     """The CPU stand-in has no vLLM, and a GPU run without the correction logs no gap: no finding."""
     assert "rollouts_not_from_policy" not in names(diagnose(history(), VALUES, set(FLAGS)))

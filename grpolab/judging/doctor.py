@@ -74,6 +74,9 @@ TAG_LIKE = (
 LOGP_GAP = 0.1  # nats per token in the last quarter ...
 LOGP_GROWTH = 3.0  # ... and that many times the first quarter's
 LOGP_METRIC = "sampling/sampling_logp_difference/mean"
+# The findings read from the rollouts as if they were the policy's (its rewards' trends, its KL and
+# entropy): set aside while the rollouts come from another policy.
+OFF_POLICY_READINGS = ("kl_climbing", "entropy_collapsed", "reward_hacking")
 # A group with no spread is sampled at TRL's default temperature, the book's recipe's: the one the
 # doctor names with its advice, so the advice is a value a run can take, not a direction.
 DIVERSE_TEMPERATURE = 1.0
@@ -291,10 +294,12 @@ def diagnose(
         findings = [f for f in findings if f.name not in ("reward_hacking", "no_learning_signal")]
     findings += never
     if off_policy := _rollouts_not_from_policy(rows, values, advise):
-        # TRL estimates the KL (k3) and the entropy on the rollouts, as if they were the policy's own
-        # samples: from another policy they measure that one, not the adapter's drift. (Chapter 8's
-        # unsynced arm was also named kl_climbing, whose step, a smaller learning rate, mends nothing.)
-        findings = [f for f in findings if f.name not in ("kl_climbing", "entropy_collapsed")]
+        # TRL scores the rewards and estimates the KL (k3) and the entropy on the rollouts, as if they
+        # were the policy's own samples: from another policy they describe that one, not what the
+        # adapter learned or how far it drifted. (Chapter 8's unsynced arm was also named kl_climbing
+        # on seed 0, and reward_hacking on seed 3 from the base's format reward wandering up; the step
+        # of each, a smaller learning rate, mends nothing.)
+        findings = [f for f in findings if f.name not in OFF_POLICY_READINGS]
     findings += off_policy
 
     if not {"no_learning_signal", "cut_before_the_tag", "no_diversity", "reward_never_pays"} & {

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from budgets.vocabulary import flag_text
 from grpolab.config.settings import lab_settings
 from grpolab.judging.doctor import LOGP_GAP, LOGP_METRIC, Finding, next_step, reward_swap
 
@@ -69,14 +70,18 @@ def test_each_mended_arm_trains_the_next_step_its_broken_arm_printed(stuck, lab)
         if (swap := reward_swap(finding)) is not None:  # the reward it said to pay, the break's settings kept
             silent, instead = swap
             assert mended.data.tags["arm.reward"] == arm.reward.replace(silent, instead) != arm.reward
-            assert all(mended.data.params[k] == str(v) for k, v in arm.changes.items())
+            assert all(mended.data.params[k] == flag_text(v) for k, v in arm.changes.items())
             continue
         step = next_step(finding, lab_settings(LAB_DIR, "cpu"))  # typed as the settings hold them
         for setting, value in step.items():
-            assert mended.data.params[setting] == str(value), (setting, mended.data.params[setting], value)
+            assert mended.data.params[setting] == flag_text(value), (
+                setting,
+                mended.data.params[setting],
+                value,
+            )
         for setting, value in arm.changes.items():
             if setting not in step:  # the break stays: only the doctor's step is mended
-                assert mended.data.params[setting] == str(value)
+                assert mended.data.params[setting] == flag_text(value)
 
 
 def test_the_task_check_in_the_run_caught_the_cut_before_a_step_was_trained(stuck):
