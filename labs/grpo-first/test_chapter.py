@@ -338,7 +338,8 @@ def test_the_run_keeps_every_key_it_had_before_the_chapter_redesign(readme):
     doctor's findings by name; and (issue 32) the artifact `overview/rewards_and_memory.png`, the figure
     the Overview opens with: each reward's mean per step beside the budget-vs-measured chart; and (issue
     40) the setting `task_config`, the tags `task_source`, `task_name` and `task_check`, where the task
-    came from and what its check found, and the check's table `task_check/table.md`."""
+    came from and what its check found, and the check's table `task_check/table.md`; and (issue 42) the
+    setting `rollout_adapter`, whether the rollouts were sampled with the adapter being trained."""
     chapter_run, run = readme
     before = json.loads((Path(__file__).with_name("readme_run_keys.json")).read_text())
     client = chapter_run.client

@@ -111,7 +111,7 @@ def test_the_unsynced_arms_sampler_drifted_from_its_trainer_and_its_mended_arm_s
     first, last = history[0].value, history[-1].value
     assert first < 0.01 < LOGP_GAP < last, (first, last)  # the adapter starts at zero, then drifts
     assert (
-        broken.data.params["rollout_adapter"] == "False" and mended.data.params["rollout_adapter"] == "True"
+        broken.data.params["rollout_adapter"] == "false" and mended.data.params["rollout_adapter"] == "true"
     )
     assert LOGP_METRIC not in mended.data.metrics
 
