@@ -227,6 +227,21 @@ def run_command(command: str, timeout: float = 300, **env: str) -> subprocess.Co
     )
 
 
+def run_into_store(command: str, folder: Path, experiment: str, timeout: float = 3600):
+    """A chapter's command run with an MLflow store and outputs of its own under `folder`; returns the
+    store's client and the experiment's one run (the GPU tests: one short run, read back)."""
+    import mlflow
+
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    result = run_command(
+        f"{command} --output-dir {folder / 'outputs'}", timeout=timeout, MLFLOW_TRACKING_URI=uri
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = mlflow.MlflowClient(uri)
+    [run] = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    return client, run
+
+
 # --- lab processes --------------------------------------------------------------------------------
 _server: Any = None
 _server_lock = threading.Lock()

@@ -134,3 +134,9 @@ def test_a_model_with_no_adapter_is_refused_with_what_to_do():
     trainer = SimpleNamespace(model=build_model(), _generate_single_turn=None)
     with pytest.raises(TypeError, match="no adapter to disable: train a LoRA adapter"):
         serve_the_base(trainer)
+
+
+def test_the_gap_is_logged_under_the_name_the_doctor_reads():
+    from grpolab.judging.doctor import LOGP_METRIC
+
+    assert LOGP_MEAN == LOGP_METRIC

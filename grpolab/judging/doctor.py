@@ -535,20 +535,22 @@ def _rollouts_not_from_policy(
     drift = f"{first:.3f} -> {last:.3f} nats per token (first and last quarter, {LOGP_METRIC}){beside}"
     if values.get("rollout_adapter") is False:
         # The CPU's reproduction (grpolab.model.rollouts): the run itself said to sample from the base.
-        return [
-            Finding(
-                "rollouts_not_from_policy",
-                f"the sampler's log-probs of the completions it sampled drifted from the trainer's, {drift}: "
-                "the rollouts come from the base, with the adapter being trained disabled: "
-                f"{advise(set_to('rollout_adapter', True))}",
-            )
-        ]
+        sampler, why = (
+            "the sampler",
+            "the rollouts come from the base, with the adapter being trained disabled",
+        )
+        step = advise(set_to("rollout_adapter", True))
+    else:
+        sampler = "vLLM"
+        why = "the rollouts do not come from the adapter being trained (the LoRA weights never reached vLLM)"
+        step = (
+            f"update unsloth and unsloth_zoo, or {advise(set_to('fast_inference', False))} to generate with "
+            "the trainer's own model"
+        )
     return [
         Finding(
             "rollouts_not_from_policy",
-            f"vLLM's log-probs of the completions it sampled drifted from the trainer's, {drift}: the rollouts do "
-            "not come from the adapter being trained (the LoRA weights never reached vLLM): update unsloth "
-            f"and unsloth_zoo, or {advise(set_to('fast_inference', False))} to generate with the trainer's own model",
+            f"{sampler}'s log-probs of the completions it sampled drifted from the trainer's, {drift}: {why}: {step}",
         )
     ]
 

@@ -105,7 +105,7 @@ class Run:
         self.boundary = StepBoundary()
         trainer.add_callback(self.boundary)
         self.meter.attach(trainer)
-        if not self.settings.rollout_adapter:  # chapter 8's stale arm: the rollouts from the base
+        if not self.settings.rollout_adapter:  # chapter 8's unsynced arm: the rollouts from the base
             from grpolab.model.rollouts import serve_the_base
 
             serve_the_base(trainer)

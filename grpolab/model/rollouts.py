@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-# TRL's names (trl/trainer/grpo_trainer.py), so the run doctor reads one metric on both profiles.
+# TRL's names (trl/trainer/grpo_trainer.py), so the run doctor reads one metric on both profiles
+# (grpolab.judging.doctor.LOGP_METRIC, which this layer may not import; tests/test_rollouts.py holds
+# the two equal).
 LOGP_MEAN = "sampling/sampling_logp_difference/mean"
 LOGP_MAX = "sampling/sampling_logp_difference/max"
 

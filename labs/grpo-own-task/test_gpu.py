@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import mlflow
 import pytest
 
 from grpolab.config.settings import lab_settings
 from task.dataset import chatml_chars
 
-from suite import HAS_CUDA, run_command
+from suite import HAS_CUDA, run_command, run_into_store
 
 LAB_DIR = Path(__file__).resolve().parent
 README_BUDGET = "uv run python labs/grpo-own-task/train.py --budget-only"
@@ -44,15 +43,9 @@ def test_the_gpu_sheet_takes_its_prompt_length_from_the_tasks_file():
     reason="needs a CUDA GPU: trains Qwen3-4B on the chapter's task file and checks it ends FINISHED with the task check's lengths counted in Qwen3's tokens",
 )
 def test_the_chapter_trains_qwen3_4b_on_the_tasks_file(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    result = run_command(
-        f"uv run python labs/grpo-own-task/train.py --max-steps 4 --output-dir {tmp_path / 'outputs'}",
-        timeout=3600,
-        MLFLOW_TRACKING_URI=uri,
+    client, run = run_into_store(
+        "uv run python labs/grpo-own-task/train.py --max-steps 4", tmp_path, "grpo-own-task"
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    client = mlflow.MlflowClient(uri)
-    [run] = client.search_runs([client.get_experiment_by_name("grpo-own-task").experiment_id])
     assert run.info.status == "FINISHED" and run.data.tags["task_check"] == "passed"
     table = Path(client.download_artifacts(run.info.run_id, "task_check/table.md", str(tmp_path))).read_text()
     assert "tokens (sheet:" in table  # Qwen3's tokenizer, not the character bound

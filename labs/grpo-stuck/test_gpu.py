@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import statistics
 
-import mlflow
 import pytest
 
 from grpolab.judging.doctor import LOGP_GAP, LOGP_METRIC
 
-from suite import HAS_CUDA, run_command
+from suite import HAS_CUDA, run_into_store
 
 STEPS = 20
 
@@ -36,15 +35,9 @@ STEPS = 20
     ),
 )
 def test_on_a_gpu_vllm_samples_from_the_adapter_being_trained(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    result = run_command(
-        f"uv run python labs/grpo-first/train.py --max-steps {STEPS} --output-dir {tmp_path / 'outputs'}",
-        timeout=3600,
-        MLFLOW_TRACKING_URI=uri,
+    client, run = run_into_store(
+        f"uv run python labs/grpo-first/train.py --max-steps {STEPS}", tmp_path, "grpo-first"
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    client = mlflow.MlflowClient(uri)
-    [run] = client.search_runs([client.get_experiment_by_name("grpo-first").experiment_id])
     assert run.info.status == "FINISHED"
     gap = [m.value for m in client.get_metric_history(run.info.run_id, LOGP_METRIC)]
     kl = [m.value for m in client.get_metric_history(run.info.run_id, "kl")]
