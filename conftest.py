@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 
 from grpolab.config import numerics
+from grpolab.lab.console import STEP_PREFIX
 from grpolab.lifecycle.endings import HOLD_EXIT_ENV, HOLD_PHASE_ENV, PHASE_PREFIX, SHOW_PHASES_ENV
 
 from suite import (
@@ -294,6 +295,8 @@ def run_stops(background: Background, _: str) -> dict:
             env[HOLD_EXIT_ENV] = str(WAVE_TIMEOUT_S)
         elif marker is not None and marker.startswith(PHASE_PREFIX):  # ... and at its phase's start
             env[HOLD_PHASE_ENV] = marker.removeprefix(PHASE_PREFIX)
+        elif marker is not None and marker.startswith(STEP_PREFIX):  # ... and after its step's line
+            env[HOLD_PHASE_ENV] = marker
         lab = Lab(name, LAB_DIR / "train.py", args, _sqlite(folder), tmp, on_line, env=env)
         return Stopped(name, signum, marker, lab)
 

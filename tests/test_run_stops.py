@@ -201,9 +201,10 @@ def test_no_stop_is_lost_none_ends_finished_or_running(stops):
 def test_each_stop_names_the_phase_it_was_sent_in(stops):
     """A signal sent as a phase began is acted on at that phase's end: the run names that phase, on any
     machine. The signal is sent by what the lab reports, and the lab holds at the start of the phase
-    the test stops it in until the signal arrives (endings.HOLD_PHASE_ENV): a phase shorter than the
-    signal's way from the test to the lab (the stand-in's load, on a loaded 2-core machine under
-    OMP_NUM_THREADS=1, 2026-12-04) is still the one it lands in."""
+    the test stops it in, or after the step line it stops it at, until the signal arrives
+    (endings.HOLD_PHASE_ENV): a phase shorter than the signal's way from the test to the lab (the
+    stand-in's load, on a loaded 2-core machine under OMP_NUM_THREADS=1, 2026-12-04; the last of two
+    steps, 8 s, in a fresh clone's CI, 2026-12-06) is still the one it lands in."""
     order = [m.removeprefix(PHASE_PREFIX) for m in stops["markers"] if m.startswith(PHASE_PREFIX)]
     named_exactly = set()
     for case in [c for c in sent(stops) if c.marker.startswith(PHASE_PREFIX) and c.runs]:

@@ -131,8 +131,9 @@ def _restore(previous: dict) -> None:
 SHOW_PHASES_ENV = "GRPOLAB_SHOW_PHASES"
 PHASE_PREFIX = "phase: "
 # A test's: the phase (the start of its name) at whose start a lab shown its phases waits, at most
-# HOLD_PHASE_S, for the signal the test sends when it reads that phase's line. A phase shorter than
-# the signal's way from the test to the lab (the stand-in's load, on a loaded machine) then still
+# HOLD_PHASE_S, for the signal the test sends when it reads that phase's line; or a step line's start
+# (`step 1/`), after which it waits the same way. A phase or step shorter than the signal's way from
+# the test to the lab (the stand-in's load, a 2-step run's last step, on a loaded machine) then still
 # receives it, on any machine, and the run names it.
 HOLD_PHASE_ENV = "GRPOLAB_HOLD_PHASE"
 HOLD_PHASE_S = 120.0
@@ -202,12 +203,20 @@ class Stops:
         self.doing, self.until = doing, until
         if os.environ.get(SHOW_PHASES_ENV) == "1":
             print(f"{PHASE_PREFIX}{doing}", flush=True)
-            held = os.environ.get(HOLD_PHASE_ENV)
-            if held and doing.startswith(held) and self.is_armed and not self._held:
-                self._held = True  # once: a later phase of the same name runs on
-                deadline = time.monotonic() + HOLD_PHASE_S
-                while self.pending is None and time.monotonic() < deadline:
-                    time.sleep(0.01)  # the signal's handler runs between these
+            self._hold(doing)
+
+    def hold_after(self, line: str) -> None:
+        """A line the lab printed (a step's): held as a phase's start is, when HOLD_PHASE_ENV names it."""
+        if os.environ.get(SHOW_PHASES_ENV) == "1":
+            self._hold(line)
+
+    def _hold(self, what: str) -> None:
+        held = os.environ.get(HOLD_PHASE_ENV)
+        if held and what.startswith(held) and self.is_armed and not self._held:
+            self._held = True  # once: a later phase of the same name runs on
+            deadline = time.monotonic() + HOLD_PHASE_S
+            while self.pending is None and time.monotonic() < deadline:
+                time.sleep(0.01)  # the signal's handler runs between these
 
     @contextmanager
     def phase(self, doing: str, until: str = "") -> Iterator[None]:
