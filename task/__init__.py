@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from functools import lru_cache, partial
+from functools import cache, lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -118,18 +118,32 @@ SORTING = Task(
     reference_answer=sorting.reference_answer,
 )
 
-LASTDIGIT = Task(
-    name=lastdigit.NAME,
-    system_prompt=lastdigit.SYSTEM_PROMPT,
-    build_dataset=lastdigit.build_dataset,
-    reward_funcs=(correctness_reward, format_reward),
-    description="Give the last digit of a number in 100..99999; answer as one integer inside <ans></ans>.",
-    build_eval_dataset=lastdigit.build_eval_dataset,
-    worst_case_prompt=lastdigit.worst_case_prompt,
-    reward_columns=lastdigit.REWARD_COLUMNS,
-    parse_answer=parse_answer,
-    reference_answer=lastdigit.reference_answer,
-)
+
+@cache
+def _lastdigit(ask: str) -> Task:
+    """lastdigit asking `ask` of its numbers (lastdigit.ASKS): one Task object per question."""
+    easier, harder = lastdigit.neighbours(ask)
+    return Task(
+        name=lastdigit.NAME,
+        system_prompt=lastdigit.system_prompt(ask),
+        build_dataset=partial(lastdigit.build_dataset, ask=ask),
+        reward_funcs=(correctness_reward, format_reward),
+        description=(
+            f"Give {lastdigit.ASKS[ask][0]} of a number in 100..99999; answer as one integer inside <ans></ans>."
+        ),
+        build_eval_dataset=partial(lastdigit.build_eval_dataset, ask=ask),
+        worst_case_prompt=partial(lastdigit.worst_case_prompt, ask=ask),
+        reward_columns=lastdigit.REWARD_COLUMNS,
+        parse_answer=parse_answer,
+        reference_answer=lastdigit.reference_answer,
+        easier=easier,
+        harder=harder,
+    )
+
+
+LASTDIGIT = _lastdigit(lastdigit.DEFAULT_ASK)
+# The book's tasks that take a config: what it asks of them (the others take none).
+CONFIGURABLE = {lastdigit.NAME: lambda config: _lastdigit(lastdigit.read_config(config))}
 
 TASKS: dict[str, Task] = {t.name: t for t in (ADDITION, SMALL_ADDITION, COUNTDOWN, SORTING, LASTDIGIT)}
 
@@ -167,6 +181,8 @@ def get_task(name: str, config: str | Mapping[str, Any] | None = None) -> Task:
     spec and config give the same Task object in a process (its reward functions are the ones TRL logs)."""
     settings = task_config(config)
     if isinstance(name, str) and name in TASKS:
+        if name in CONFIGURABLE:
+            return CONFIGURABLE[name](settings)
         if settings:
             raise ValueError(
                 f"task_config: the book's task {name!r} takes no config, got {json.dumps(settings)}"

@@ -34,6 +34,8 @@ class Task:
         reward_columns: the dataset columns the rewards read besides prompts and completions.
         parse_answer: ``text -> answer | None``, the one parser both rewards use.
         reference_answer: ``row -> str``, a correct answer for a row (what goes inside the tag).
+    Its neighbours, where it has a ladder of questions (lastdigit's config):
+        easier, harder: the ``task_config`` (JSON) of the next question down or up, or None.
     Where it came from:
         source: tags for the run's record (``task_source``: book, file, data file or reasoning-gym,
             with the file and its sha256, the data file's rows, or the dataset, config and version).
@@ -49,6 +51,8 @@ class Task:
     reward_columns: tuple[str, ...]
     parse_answer: Callable[[str], Any]
     reference_answer: Callable[[dict[str, Any]], str]
+    easier: str | None = field(default=None, compare=False)
+    harder: str | None = field(default=None, compare=False)
     source: Mapping[str, str] = field(
         default_factory=lambda: {"task_source": "book"}, compare=False, hash=False
     )

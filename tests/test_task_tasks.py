@@ -8,6 +8,7 @@ deterministic under a seeded fuzz of hostile and mutated completions.
 from __future__ import annotations
 
 import inspect
+import itertools
 import random
 from collections.abc import Callable
 from typing import Any
@@ -18,8 +19,11 @@ import task
 from task.dataset import EVAL_SHARE, prompt_chars, split_of
 from task.rewards import CORRECT_REWARD, FORMAT_REWARD, RewardRole, reward_info
 
-TASKS = list(task.TASKS.values())
-IDS = [t.name for t in TASKS]
+# The registry's tasks, and every other question lastdigit's config asks (chapter 8's): each keeps the
+# same promises.
+ASKED = [task.get_task("lastdigit", {"ask": ask}) for ask in ("first_digit", "digit_sum")]
+TASKS = [*task.TASKS.values(), *ASKED]
+IDS = [t.name for t in task.TASKS.values()] + ["lastdigit-first_digit", "lastdigit-digit_sum"]
 ALL = pytest.mark.parametrize("t", TASKS, ids=IDS)
 
 
@@ -54,7 +58,7 @@ def _chat(text: Any) -> list[dict[str, Any]]:
 
 @ALL
 def test_registry_and_reward_names(t: task.Task) -> None:
-    assert task.get_task(t.name) is t
+    assert task.get_task(t.name) is t or t in ASKED
     # The lab's MLflow metrics are rewards/correctness_reward/mean and rewards/format_reward/mean for
     # every task: TRL names each metric after the function's __name__.
     assert [f.__name__ for f in t.reward_funcs] == ["correctness_reward", "format_reward"]
@@ -371,3 +375,26 @@ def test_fuzz_totality_determinism_and_consistency(t: task.Task) -> None:
         seen["correct" if correct[0] else "formatted" if fmt[0] else "neither"] += 1
     # The fuzz is only worth something if it reaches every outcome.
     assert min(seen.values()) > 100, seen
+
+
+def test_lastdigits_questions_form_a_ladder_its_neighbours_name():
+    """Each question's easier and harder neighbours are configs get_task takes back to that question;
+    the default is `{}`; the two ends have none; anything else is a one-line error."""
+    import json
+
+    ladder = [task.get_task("lastdigit", {"ask": a}) for a in ("first_digit", "last_digit", "digit_sum")]
+    assert ladder[1] is task.LASTDIGIT is task.get_task("lastdigit", "{}")
+    assert ladder[0].easier is None and ladder[-1].harder is None
+    for lower, upper in itertools.pairwise(ladder):
+        assert task.get_task("lastdigit", lower.harder) is upper
+        assert task.get_task("lastdigit", upper.easier) is lower
+    assert ladder[1].harder == json.dumps({"ask": "digit_sum"}) and ladder[0].harder == "{}"
+    row = ladder[2].build_dataset(1, 0)[0]
+    assert (
+        row["target"] == sum(map(int, str(row["number"])))
+        and "sum of the digits" in row["prompt"][1]["content"]
+    )
+    with pytest.raises(ValueError, match="lastdigit takes only"):
+        task.get_task("lastdigit", {"ask": "middle_digit"})
+    with pytest.raises(ValueError, match="lastdigit takes only"):
+        task.get_task("lastdigit", {"numbers": 3})
