@@ -239,3 +239,22 @@ def test_an_interrupted_save_leaves_no_folder(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         save_pretrained_atomically(Breaks(), build_tokenizer(), tmp_path / "adapter")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_question_asked_by_a_config_is_asked_of_the_tasks_own_stand_in_unless_the_book_names_one(
+    tokenizer,
+):
+    """The model does not change with the question (chapter 8's digit-sum arm asks lastdigit's own
+    stand-in), except where OWN_CONFIGS warm-starts one for it: the first digit's, every row answered
+    right and in the tag, a model that already solves its task."""
+    from grpolab import tiny_model
+    from task import get_task
+
+    own = tiny_model.shipped_weights("lastdigit")
+    assert tiny_model.shipped_weights("lastdigit", '{"ask": "digit_sum"}') == own
+    assert tiny_model.shipped_weights("lastdigit", '{"ask":"last_digit"}') == own
+    first = '{"ask": "first_digit"}'
+    assert tiny_model.shipped_weights("lastdigit", first) != own
+    pairs = tiny_model.own_task_texts(tokenizer, "lastdigit", config=first)
+    rows = get_task("lastdigit", first).build_dataset(len(pairs), tiny_model.BUILD_SEED + 1)
+    assert [c for _, c in pairs] == [f"<ans>{row['target']}</ans><|im_end|>" for row in rows]

@@ -92,11 +92,37 @@ OWN_TASKS = {"small-addition": {"rows": 1200, "steps": 1200, "known": 1.0, "echo
 OUTSIDE_TASK = {**OWN_TASK, "steps": 500, "tagged": 0.3}
 
 
-def own_recipe(task: str) -> dict:
-    """How the stand-in of a task outside the book's is warm-started: lastdigit's recipe for the
-    registry's tasks unless named, OUTSIDE_TASK for a task from outside the registry."""
+# A book's task asked another question by its config (lastdigit's ASKS) is asked of the same model:
+# the model does not change with the question, unless the book warm-starts one of its own for it,
+# named here by (task, config). Chapter 8's solved arm asks lastdigit's stand-in's sibling the first
+# digit, a question its warm start answered right and in the tag every time (steps as OWN_TASK's: the
+# book's stand-in plus 250 steps): it already solves it, as Qwen3-4B solves a task too easy for it.
+# Its digit-sum arm asks lastdigit's own stand-in, which reads a last digit and never adds.
+OWN_CONFIGS = {
+    ("lastdigit", '{"ask": "first_digit"}'): {**OWN_TASK, "known": 1.0, "echo": 0.0, "tagged": 1.0},
+}
+
+
+def standin_of(task: str | None, config: str | None) -> tuple[str | None, str | None]:
+    """The (task, config) whose stand-in a run on `task` with `config` loads: a book's task's own
+    (config None) unless OWN_CONFIGS names one for its config; a task outside the registry keeps its
+    config (a data file's columns and checker, a reasoning-gym dataset's arguments make its rows)."""
+    from task import TASKS, task_config
+
+    if task not in TASKS or not config:
+        return task, config
+    key = json.dumps(task_config(config), sort_keys=True)
+    return (task, key) if (task, key) in OWN_CONFIGS else (task, None)
+
+
+def own_recipe(task: str, config: str | None = None) -> dict:
+    """How the stand-in of a task outside the book's is warm-started: OWN_CONFIGS's for a config it
+    names, else lastdigit's recipe for the registry's tasks unless named, OUTSIDE_TASK for a task from
+    outside the registry."""
     from task import TASKS
 
+    if (task, config) in OWN_CONFIGS:
+        return OWN_CONFIGS[(task, config)]
     return OWN_TASKS.get(task, OWN_TASK if task in TASKS else OUTSIDE_TASK)
 
 
@@ -184,7 +210,8 @@ def own_task_texts(
     from task import get_task
 
     rng = random.Random(seed)
-    t, recipe = get_task(task, config), own_recipe(task)
+    task, config = standin_of(task, config)
+    t, recipe = get_task(task, config), own_recipe(task, config)
     rows = t.build_dataset(recipe["rows"], seed + 1)
     answers = [t.reference_answer(row) for row in rows]
     tagged = recipe.get("tagged", WARM_START["tagged"])
@@ -264,6 +291,7 @@ def recipe_hash(task: str | None = None, config: str | None = None) -> str:
     }
     if not _own(task):  # the book's stand-in keeps the name it has always had
         return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+    task, config = standin_of(task, config)
     t = get_task(task, config)
     described = [task, t.system_prompt, t.worst_case_prompt()]
     if task not in TASKS:  # its content, not its name or its path: the same task, the same stand-in
@@ -271,7 +299,7 @@ def recipe_hash(task: str | None = None, config: str | None = None) -> str:
     own = {
         "from": recipe_hash(),
         "task": described,
-        "own_task": own_recipe(task),
+        "own_task": own_recipe(task, config),
         "warm_start": WARM_START,
         "seed": BUILD_SEED,
     }
@@ -314,7 +342,7 @@ def build(task: str | None = None, steps: int | None = None, start=None, config:
     if _own(task):
         model = start if start is not None else _load(ensure_tiny_model())
         pairs = own_task_texts(tokenizer, task, config=config)
-        warm_start(model, tokenizer, pairs, steps or own_recipe(task)["steps"])
+        warm_start(model, tokenizer, pairs, steps or own_recipe(*standin_of(task, config))["steps"])
         return model, tokenizer
     model = build_model()
     if model.config.vocab_size < len(tokenizer):
@@ -397,6 +425,7 @@ STANDINS: tuple[tuple[str | None, str | None], ...] = (
     (None, None),
     ("small-addition", None),
     ("lastdigit", None),
+    ("lastdigit", '{"ask": "first_digit"}'),
     (str(_OWN / "largest_digit.py"), None),
     (str(_OWN / "products.jsonl"), '{"checker": "integer"}'),
     ("reasoning-gym:basic_arithmetic", '{"max_terms": 2, "max_digits": 1}'),
