@@ -8,6 +8,7 @@ already set. The lab and the budget CLI render the same advice with their own pa
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,10 +34,10 @@ class Change:
         flag = "--" + self.setting.replace("_", "-")
         now = values.get(self.setting)
         if self.how == "set":
-            return f"set {flag} {_text(self.value)}"
-        current = f" (now {_text(now)})" if now is not None else ""
+            return f"set {flag} {value_text(self.value)}"
+        current = f" (now {value_text(now)})" if now is not None else ""
         bound = (
-            f" to {'<=' if self.how == 'lower' else '>='} {_text(self.value)}"
+            f" to {'<=' if self.how == 'lower' else '>='} {value_text(self.value)}"
             if self.value is not None
             else ""
         )
@@ -104,7 +105,7 @@ def render(
 # One rendered change: `raise --x (now 3) to >= 13`, `lower --x (now 8)`, `set --z true`.
 _RENDERED = re.compile(
     r"\b(?P<how>raise|lower) --(?P<flag>[a-z0-9-]+)(?: \(now [^)]*\))?(?: to [<>]= (?P<bound>[^\s,:;)]+))?"
-    r"|\bset --(?P<set_flag>[a-z0-9-]+) (?P<value>[^\s,:;)]+)"
+    r"|\bset --(?P<set_flag>[a-z0-9-]+) (?:'(?P<quoted>[^']*)'|(?P<value>[^\s,:;)]+))"
 )
 
 
@@ -114,7 +115,8 @@ def parse(text: str) -> tuple[Change, ...]:
     changes = []
     for m in _RENDERED.finditer(text):
         if m["set_flag"]:
-            changes.append(Change(m["set_flag"].replace("-", "_"), "set", m["value"]))
+            value = m["quoted"] if m["quoted"] is not None else m["value"]
+            changes.append(Change(m["set_flag"].replace("-", "_"), "set", value))
         else:
             changes.append(Change(m["flag"].replace("-", "_"), m["how"], m["bound"]))
     return tuple(changes)
@@ -134,9 +136,15 @@ def _same(a: Any, b: Any) -> bool | None:
     return str(a).lower() == str(b).lower()
 
 
-def _text(value: Any) -> str:
+def value_text(value: Any) -> str:
+    """A value as the advice writes it after its flag, and a shell takes it."""
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, float):
         return f"{value:g}"
-    return str(value)
+    # A value a shell would split or read (a task_config's JSON) is quoted as a shell takes it, so the
+    # advice can be pasted, and read back whole (`parse`).
+    return str(value) if _PLAIN.fullmatch(str(value)) else shlex.quote(str(value))
+
+
+_PLAIN = re.compile(r"[\w.+/=@%-]+")

@@ -796,3 +796,71 @@ def test_the_verdict_says_how_each_paid_reward_moved():
     assert text.endswith("Held-out accuracy 0.0% -> 56.0%, format 0.0% -> 95.0% (base -> adapter).")
     # A reward watched at weight 0 (chapter 4's) is not a curve the policy was paid on.
     assert "format_reward" not in trends(rows, VALUES, reward_weights=[1.0, 0.0])
+
+
+LASTDIGIT = {**VALUES, "task": "lastdigit"}
+
+
+def test_a_task_already_solved_gets_the_next_harder_question_as_its_step():
+    """Every group all right (chapter 8's solved arm): the step is the task's next question up, as a
+    flag the lab takes, quoted as a shell takes it and read back whole."""
+    rows = history(
+        reward=lambda t: 1.19,
+        frac_reward_zero_std=lambda t: 0.95,
+        **{"rewards/format_reward/mean": lambda t: 0.2, "rewards/correctness_reward/mean": lambda t: 0.99},
+    )
+    values = {**LASTDIGIT, "task_config": '{"ask": "first_digit"}'}
+    (finding,) = [f for f in diagnose(rows, values, set(FLAGS)) if f.name == "no_learning_signal"]
+    assert "too easy for the policy" in str(finding)
+    assert "set --task-config '{}' (a harder question of the same task)" in str(finding)
+    assert next_step(finding, lab_settings(LAB_DIR, "cpu")) == {"task_config": "{}"}
+    # The top of the ladder has no harder question: the step names none, and none is applied.
+    (top,) = diagnose(rows, {**LASTDIGIT, "task_config": '{"ask": "digit_sum"}'}, set(FLAGS))
+    assert "pick a harder task with --task" in str(top) and "--task-config" not in str(top)
+
+
+def test_an_answer_never_paid_is_no_signal_even_while_the_format_still_differs_in_each_group():
+    """Chapter 8's unreachable arm: the format differs within groups (TRL's frac_reward_zero_std near
+    0), the answer almost never comes: no group has a right answer to learn from. The step is the
+    task's next question down; a task with no ladder gets more generations, or an easier task."""
+    rows = history(
+        reward=lambda t: 0.1 + 0.08 * t,
+        frac_reward_zero_std=lambda t: 0.05,
+        **{
+            "rewards/format_reward/mean": lambda t: 0.1 + 0.08 * t,
+            "rewards/correctness_reward/mean": lambda t: 0.004 if t > 0.5 else 0.0,
+        },
+    )
+    values = {**LASTDIGIT, "task_config": '{"ask": "digit_sum"}'}
+    found = diagnose(rows, values, set(FLAGS))
+    assert names(found) == {"no_learning_signal"}, found
+    assert "out of the policy's reach: set --task-config '{}' (an easier question" in str(found[0])
+    assert next_step(found[0], lab_settings(LAB_DIR, "cpu")) == {"task_config": "{}"}
+    (plain,) = diagnose(rows, VALUES, set(FLAGS))
+    assert "raise --num-generations" in str(plain) and plain.message.endswith(", or an easier task")
+    # One right answer in fifty is signal enough: not named.
+    rows = history(
+        reward=lambda t: 0.2,
+        frac_reward_zero_std=lambda t: 0.05,
+        **{"rewards/format_reward/mean": lambda t: 0.18, "rewards/correctness_reward/mean": lambda t: 0.02},
+    )
+    assert "no_learning_signal" not in names(diagnose(rows, values, set(FLAGS)))
+
+
+def test_groups_of_one_right_completion_repeated_are_a_solved_task_not_a_cold_temperature():
+    """A policy sure of the right answer samples it again and again at temperature 1.0: the groups have
+    no spread, as a cold temperature's, but a warmer temperature mends nothing (chapter 8's solved arm).
+    The same groups paid little are named no_diversity, as before."""
+    solved = history(
+        reward=lambda t: 1.2,
+        frac_reward_zero_std=lambda t: 1.0,
+        **{"completions/distinct_share": lambda t: 1 / 8, "rewards/correctness_reward/mean": lambda t: 1.0},
+    )
+    values = {**LASTDIGIT, "task_config": '{"ask": "first_digit"}', "num_generations": 8, "temperature": 1.0}
+    assert names(diagnose(solved, values, set(FLAGS))) == {"no_learning_signal"}
+    cold = history(
+        reward=lambda t: 0.6,
+        **{"completions/distinct_share": lambda t: 1 / 8},
+        frac_reward_zero_std=lambda t: 1.0,
+    )
+    assert "no_diversity" in names(diagnose(cold, {**values, "temperature": 0.05}, set(FLAGS)))

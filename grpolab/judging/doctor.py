@@ -54,6 +54,7 @@ KL_RISE = 2.0  # the last quarter's KL at least twice the second quarter's ...
 KL_FLOOR = 0.5  # ... and large in absolute terms (nats per token)
 ENTROPY_FALL = 0.25  # the last quarter's entropy under a quarter of the first's
 FLAT_SHARE = 0.02  # a reward moved by less than 2% of the most it pays
+SOLVED = 0.9  # a mean reward at this share of the most a completion earns: the policy already solves it
 LOW_REWARD = 0.05  # a mean reward at or below this: most completions earn nothing at all
 RARE_CORRECT = 0.01  # answer rewards paid this share of their maximum on average: the answer is out of reach
 # A proxy answer reward paying at least this share of its maximum more than the task's exact answer
@@ -184,21 +185,38 @@ def diagnose(
 
     flat = no_signal(rows)
     reward = series(rows, "reward")
-    findings += _no_diversity(rows, values, advise)
-    if flat and statistics.fmean(flat) >= NO_SIGNAL_SHARE and not findings:
+    findings += _no_diversity(rows, values, advise, most)
+    # The answer rewards' own spread: paid on under RARE_CORRECT of completions, nearly every group has
+    # no right answer in it, so the answer teaches nothing even where the format's reward still differs
+    # within a group (chapter 8's digit-sum arm: TRL's frac_reward_zero_std near 0, correctness 0.003).
+    paid = {r: statistics.fmean(s) for r in answers if (s := series(rows, r.metric))}
+    out_of_reach = bool(paid) and all(m < RARE_CORRECT * r.max_reward for r, m in paid.items())
+    share = statistics.fmean(flat) if flat else 0.0
+    if (share >= NO_SIGNAL_SHARE or out_of_reach) and not findings:
         idle = sum(1 for f in flat if f >= 0.999)
         level = statistics.fmean(reward) if reward else 0.0
-        paid = {r: statistics.fmean(s) for r in answers if (s := series(rows, r.metric))}
-        harder = "pick a harder task with --task" if "task" in accepts else "pick a harder task"
-        if level >= 0.9 * most:
-            why, fix = "the task is too easy for the policy", harder
-        elif level > LOW_REWARD and paid and all(m < RARE_CORRECT * r.max_reward for r, m in paid.items()):
+        task = _task(values)
+        if level >= SOLVED * most:
+            why = "the task is too easy for the policy: it already solves it"
+            fix = (
+                advise(set_to("task_config", task.harder)) + " (a harder question of the same task)"
+                if task is not None and task.harder is not None and "task_config" in accepts
+                else "pick a harder task with --task"
+                if "task" in accepts
+                else "pick a harder task"
+            )
+        elif out_of_reach and level > LOW_REWARD:
             why = (
                 f"completions earn the format and almost never the answer (correctness "
                 f"{', '.join(f'{m:.3f}' for m in paid.values())} on average in "
-                f"{', '.join(r.metric for r in paid)}): the policy has little left it can learn"
+                f"{', '.join(r.metric for r in paid)}): nearly every group held no right answer, so none "
+                f"beat its group: the task is out of the policy's reach"
             )
-            fix = advise(raise_("num_generations"), raise_("temperature")) + ", or an easier task"
+            fix = (
+                advise(set_to("task_config", task.easier)) + " (an easier question of the same task)"
+                if task is not None and task.easier is not None and "task_config" in accepts
+                else advise(raise_("num_generations"), raise_("temperature")) + ", or an easier task"
+            )
         elif level <= LOW_REWARD:
             why = "most groups scored nothing"
             fix = advise(raise_("num_generations"), raise_("temperature"))
@@ -208,7 +226,7 @@ def diagnose(
         findings.append(
             Finding(
                 "no_learning_signal",
-                f"in {statistics.fmean(flat):.0%} of groups every completion scored the same ({idle} of "
+                f"in {share:.0%} of groups every completion scored the same ({idle} of "
                 f"{len(flat)} steps had no signal at all; mean reward {level:.3f}): {why}: {fix}",
             )
         )
@@ -387,6 +405,11 @@ def _held_still(
     ]
 
 
+def _task(values: Mapping[str, Any]):
+    """The run's task, or None when the run names none."""
+    return get_task(values["task"], values.get("task_config")) if values.get("task") is not None else None
+
+
 def _book(values: Mapping[str, Any]) -> dict[str, Any]:
     """The book's recipe for the run's profile (grpolab/recipe.toml), {} when the run names none."""
     from grpolab.config.settings import recipe
@@ -440,11 +463,19 @@ def _room(values: Mapping[str, Any]) -> int | None:
     return max(2 * now, reference)
 
 
-def _no_diversity(rows: Sequence[dict[str, float]], values: Mapping[str, Any], advise) -> list[Finding]:
+def _no_diversity(
+    rows: Sequence[dict[str, float]], values: Mapping[str, Any], advise, most: float
+) -> list[Finding]:
     """Groups whose completions are (nearly) all the same from the start: sampling with no spread, so
     no completion beats its group and nothing is learned. Not a policy that converged (that comes late,
-    after learning): the first quarter is read."""
+    after learning): the first quarter is read. Nor a policy that repeats a completion paid nearly all
+    there is (`most`): that one is not cold but done, the task too easy for it (no_learning_signal's;
+    chapter 8's solved arm, at temperature 1.0, was first named here, with a warmer temperature as the
+    step, which mends nothing)."""
     distinct, group = series(rows, "completions/distinct_share"), values.get("num_generations")
+    reward = series(rows, "reward")
+    if reward and statistics.fmean(reward[: max(len(reward) // 4, MIN_STEPS)]) >= SOLVED * most:
+        return []
     # A confident model samples the same answer often (the CPU stand-in writes 1 to 6 distinct ones of
     # 16, one group a step): that still teaches. A group that is one completion, repeated, cannot.
     # The first quarter, and at least the first MIN_STEPS steps: a short run's first quarter is one
