@@ -180,21 +180,45 @@ def _arms(
     from grpolab.lifecycle.endings import STOPS
 
     queue = list(chosen)
+    trained: dict[tuple, dict[str, Any]] = {}  # a mended arm's reward and settings -> its summary
     while queue:
         arm = queue.pop(0)
         STOPS.enter(f"the arms, before arm {arm.name}")
         arm_settings = settings.replace(**arm.changes)
         changed = ", ".join(f"{k} {v}" for k, v in arm.changes.items()) or "the chapter's settings"
         print(f"\n=== arm {arm.name}: {arm.reward} reward, {changed} ===", flush=True)
+        key = (arm.reward, tuple(sorted(arm_settings.as_params().items())))
+        if arm.fixes is not None and key in trained:
+            # Several next steps lead back to the chapter's own recipe (chapter 8: a temperature, a
+            # learning rate, a beta, a question each mended to the recipe's): the same reward, settings
+            # and seed are the same run, trained once (on the CPU, bit for bit: its arithmetic is pinned).
+            same = trained[key]
+            results.append(
+                {
+                    **same,
+                    "arm": arm.name,
+                    "fixes": arm.fixes,
+                    "changes": dict(arm.changes),
+                    "same_run_as": same["arm"],
+                }
+            )
+            print(
+                f"The same reward, settings and seed as arm {same['arm']}: its run, not trained again",
+                flush=True,
+            )
+            continue
         name = f"{arm.name}-{parent_name}"
+        arm_sheet, arm_dataset = _task_inputs(arm_settings, settings, sheet, dataset, device)
         with session(
-            arm_settings, sheet, device, args, dataset, card_note, nested=True, cuda=cuda, name=name
+            arm_settings, arm_sheet, device, args, arm_dataset, card_note, nested=True, cuda=cuda, name=name
         ) as run:
             train(run, arm.reward)
         client = mlflow.MlflowClient()
         client.set_tag(run.mlflow_run.info.run_id, "arm", arm.name)
         client.set_tag(run.mlflow_run.info.run_id, "arm.reward", arm.reward)
         results.append(summary(arm, run))
+        if arm.fixes is not None:
+            trained[key] = results[-1]
         print(
             "\n".join(line for line in run.summary if line.startswith(("Held-out", "Run doctor"))),
             flush=True,
@@ -212,6 +236,19 @@ def _arms(
             )
             if fixed is not None:
                 queue.insert(0, fixed)
+
+
+def _task_inputs(arm_settings, settings, sheet, dataset, device):
+    """The budget sheet and prompts of an arm: the chapter's, unless the arm asks another question
+    (chapter 8's solved and unreachable arms change task_config), whose prompts are its own and whose
+    sheet is computed for them (the longest prompt is a line of it)."""
+    if (arm_settings.task, arm_settings.task_config) == (settings.task, settings.task_config):
+        return sheet, dataset
+    from budgets import compute
+    from grpolab.lab.prepare import card_plan, prompts
+
+    plan, _, _ = card_plan(arm_settings, device, arm_settings.profile)
+    return compute(plan), prompts(arm_settings)
 
 
 def fixed_arm(arm: Arm, findings, settings) -> Arm | None:
@@ -271,6 +308,7 @@ def summary(arm: Arm, run) -> dict[str, Any]:
         "reward": arm.reward,
         "cause": arm.cause,
         "fixes": arm.fixes,
+        "same_run_as": None,  # a mended arm trained as an earlier one (the same reward, settings, seed)
         "changes": {k: v for k, v in arm.changes.items()},
         # What the doctor printed as the next step, as the fixed arm applies it (`--flag value`).
         "fix": _fix(cause, run.settings),
@@ -314,17 +352,9 @@ def _fix(finding, settings) -> str | None:
 
 
 def _flags(changes: Mapping[str, Any]) -> str:
-    return " ".join(f"--{k.replace('_', '-')} {_text(v)}" for k, v in changes.items())
+    from budgets.advice import value_text
 
-
-def _text(value: Any) -> str:
-    return (
-        str(value).lower()
-        if isinstance(value, bool)
-        else f"{value:g}"
-        if isinstance(value, float)
-        else str(value)
-    )
+    return " ".join(f"--{k.replace('_', '-')} {value_text(v)}" for k, v in changes.items())
 
 
 def _questions(settings) -> list[str]:
@@ -384,7 +414,7 @@ def causes_table(results: Sequence[dict[str, Any]]) -> str:
         named = ", ".join(r["finding_names"]) or "nothing"
         rows.append(
             f"| {r['arm']} | {broke} | {r['cause']} | {named} | `{r['fix'] or 'none'}` | "
-            f"{_held(r)} | {_held(mended) if mended else 'not run'} |"
+            f"{_held(r)} | {_mended(mended)} |"
         )
     if not rows:
         return ""
@@ -395,6 +425,13 @@ def causes_table(results: Sequence[dict[str, Any]]) -> str:
             *rows,
         ]
     )
+
+
+def _mended(mended: Mapping[str, Any] | None) -> str:
+    if mended is None:
+        return "not run"
+    same = mended.get("same_run_as")
+    return _held(mended) + (f" (arm {same}'s run)" if same else "")
 
 
 def _held(r: Mapping[str, Any]) -> str:

@@ -21,6 +21,8 @@ CAUSES = {
     "leashed": "held_at_the_start",
     "mistagged": "reward_never_pays",
     "unsynced": "rollouts_not_from_policy",
+    "solved": "no_learning_signal",
+    "unreachable": "no_learning_signal",
 }
 CLAIMS = (
     *(
@@ -39,6 +41,10 @@ CLAIMS = (
         Claim(f"the doctor names nothing on the mended {arm} arm", f"{arm}-fixed_findings", at_most=0)
         for arm in CAUSES
     ),
+    # The held-out evaluation before training (every lab's) shows the two no-signal arms before a step
+    # is paid for: a task solved already, and one never answered (held-out prompts of 64).
+    Claim("the solved arm's model answers the first digit before training", "solved_base", at_least=60),
+    Claim("the unreachable arm's model never adds the digits before training", "unreachable_base", at_most=2),
 )
 
 

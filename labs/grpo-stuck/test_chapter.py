@@ -43,9 +43,13 @@ def stuck(chapter_run):
         ).read_text()
     )
     print(f"the chapter's README command took {chapter_run.seconds:.0f} s")
+    children = {r.data.tags["arm"]: r for r in chapter_run.children(parent)}
+    by_id = {r.info.run_id: r for r in children.values()}
     return {
         "parent": parent,
-        "children": {r.data.tags["arm"]: r for r in chapter_run.children(parent)},
+        "children": children,
+        # Every arm's run, a mended arm trained as an earlier one (same_run_as) included: that one's.
+        "runs": {a["arm"]: by_id[a["run_id"]] for a in record["arms"]},
         "arms": {a["arm"]: a for a in record["arms"]},
         "stdout": chapter_run.stdout,
         "client": chapter_run.client,
@@ -53,17 +57,28 @@ def stuck(chapter_run):
 
 
 def test_every_cause_ran_broken_then_mended_nested_under_the_chapters_run(stuck, lab):
+    """Every arm has its run; a mended arm whose reward and settings are an earlier mended arm's (its
+    step leads back to the chapter's recipe) has that arm's run, not one of its own."""
     assert stuck["parent"].info.status == "FINISHED"
     expected = {name for a in lab.ARMS for name in (a.name, f"{a.name}-fixed")}
-    assert set(stuck["children"]) == expected
+    assert set(stuck["arms"]) == expected
+    shared = {name for name, a in stuck["arms"].items() if a["same_run_as"]}
+    assert set(stuck["children"]) == expected - shared
     assert all(r.info.status == "FINISHED" for r in stuck["children"].values())
+    # The five steps back to the recipe (a temperature, a learning rate, a beta, the rollouts' adapter,
+    # a question) share the first one's run: the same settings, to the last param.
+    assert {"still-fixed", "leashed-fixed", "unsynced-fixed", "solved-fixed", "unreachable-fixed"} <= shared
+    for name in shared:
+        same = stuck["arms"][name]["same_run_as"]
+        assert stuck["arms"][same]["same_run_as"] is None and stuck["arms"][same]["fixes"] is not None
+        assert stuck["arms"][name]["run_id"] == stuck["arms"][same]["run_id"]
 
 
 def test_each_mended_arm_trains_the_next_step_its_broken_arm_printed(stuck, lab):
     """The fix is the doctor's text, read back: the broken arm's finding as its run recorded it, parsed
     here again, is what the mended arm's run was trained with (its MLflow params)."""
     for arm in lab.ARMS:
-        broken, mended = stuck["arms"][arm.name], stuck["children"][f"{arm.name}-fixed"]
+        broken, mended = stuck["arms"][arm.name], stuck["runs"][f"{arm.name}-fixed"]
         (printed,) = [f for f in broken["findings"] if f.startswith(f"{arm.cause}: ")]
         finding = Finding(arm.cause, printed.split(": ", 1)[1])
         assert printed in stuck["stdout"] and broken["fix"] in stuck["stdout"]
@@ -91,6 +106,22 @@ def test_the_task_check_in_the_run_caught_the_cut_before_a_step_was_trained(stuc
     assert stuck["children"]["cut-fixed"].data.tags["task_check"] == "passed"
 
 
+def test_the_held_out_evaluation_before_training_showed_both_no_signal_arms_before_a_step(stuck):
+    """The solved and unreachable arms ask other questions of the task (their task_config), each with
+    its own prompts; the base's held-out accuracy, measured before the first step, already says there is
+    nothing to learn (all right) and nothing to learn from (none right). Their mended arms ask the
+    chapter's own question (`{}`)."""
+    for name, ask, base in (("solved", "first_digit", 0.9), ("unreachable", "digit_sum", None)):
+        run, record = stuck["children"][name], stuck["arms"][name]
+        assert json.loads(run.data.params["task_config"]) == {"ask": ask}
+        before = record["held_out"]["base"]["accuracy"]
+        assert before >= base if base is not None else before <= 0.05, (name, before)
+        assert record["questions"][0].startswith(
+            f"What is the {'first digit' if ask == 'first_digit' else 'sum of the digits'} of "
+        )
+        assert stuck["runs"][f"{name}-fixed"].data.params["task_config"] == "{}"
+
+
 def test_the_task_check_of_the_paid_rewards_caught_the_mistagged_parse_before_a_step_was_trained(stuck):
     """Paid open-r1's `<answer>` reward, the arm's rewards fail chapter 7's reference line (the right
     answer in `<ans>` is paid 0 of 1); the rewards its mended arm is paid pass. The arms on the task's
@@ -106,7 +137,7 @@ def test_the_unsynced_arms_sampler_drifted_from_its_trainer_and_its_mended_arm_s
     """The gap the doctor read is TRL's metric, logged on the CPU by grpolab.model.rollouts: the
     sampler (the base) and the trainer (the adapter) part as the adapter trains; the mended arm
     samples with the adapter it trains, so there is no second model to measure against."""
-    broken, mended = stuck["children"]["unsynced"], stuck["children"]["unsynced-fixed"]
+    broken, mended = stuck["children"]["unsynced"], stuck["runs"]["unsynced-fixed"]
     history = stuck["client"].get_metric_history(broken.info.run_id, LOGP_METRIC)
     first, last = history[0].value, history[-1].value
     assert first < 0.01 < LOGP_GAP < last, (first, last)  # the adapter starts at zero, then drifts

@@ -9,6 +9,8 @@ chapter breaks the book's run one way an arm, the way users break it, and shows 
     still      learning_rate 7e-5: a step too small to move the adapter off the base
     leashed    beta 5: a KL pull that holds the policy at the reference
     mistagged  paid by open-r1's `<answer>` parse on a prompt that asks for `<ans>`: it never pays
+    solved     asked the first digit, which the model already gets right in every completion
+    unreachable  asked the sum of the digits, which the model never gets right: no group holds an answer
     unsynced   rollouts sampled from the base while the adapter trains (on a GPU: the LoRA weights
                never reach vLLM; here the trainer's own generation, its adapter disabled)
 
@@ -43,12 +45,19 @@ LAB_DIR = Path(__file__).resolve().parent
 FIRST = load_chapter("grpo-first")  # chapter 1's lesson: every arm trains it
 
 # --- The causes: what each arm breaks, and the finding the doctor must name ------------------------
+FIRST_DIGIT, DIGIT_SUM = '{"ask": "first_digit"}', '{"ask": "digit_sum"}'
 ARMS = (
     Arm("cut", "task", {"max_completion_length": 2}, cause="cut_before_the_tag"),
     Arm("cold", "task", {"temperature": 0.05}, cause="no_diversity"),
     Arm("still", "task", {"learning_rate": 7e-5}, cause="held_at_the_start"),
     Arm("leashed", "task", {"beta": 5.0}, cause="held_at_the_start"),
     Arm("mistagged", "answer_tag_reward+format_reward", cause="reward_never_pays"),
+    # No signal: every group scores the same. Two other questions of chapter 4's task (its config,
+    # task.lastdigit.ASKS): the first digit, which the model answers right every time, and the sum of
+    # the digits, which it never adds up. The doctor's step is the task's next question down or up.
+    # The task is named: on a GPU the chapter trains countdown, which takes no config.
+    Arm("solved", "task", {"task": "lastdigit", "task_config": FIRST_DIGIT}, cause="no_learning_signal"),
+    Arm("unreachable", "task", {"task": "lastdigit", "task_config": DIGIT_SUM}, cause="no_learning_signal"),
     # The trainer's own generation, broken: on a GPU too, where vLLM would otherwise sample.
     Arm(
         "unsynced",
