@@ -432,6 +432,10 @@ STANDINS: tuple[tuple[str | None, str | None], ...] = (
 )
 
 
+def _named(task: str | None, config: str | None) -> str:
+    return "the book" if task is None else f"{task} {config}" if config else task
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m grpolab.tiny_model --check`: rebuild every stand-in the chapters use from its random
     start (minutes) and compare its bytes with the shipped weights; `--ship` writes them instead (after
@@ -457,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.ship:
                 SHIPPED.mkdir(exist_ok=True)
                 shipped.write_bytes((built / "model.safetensors").read_bytes())
-                print(f"{shipped.name}  {sha}  shipped ({task or 'the book'})", flush=True)
+                print(f"{shipped.name}  {sha}  shipped ({_named(task, config)})", flush=True)
                 continue
             same = shipped.exists() and weights_sha256(shipped) == sha
             differ += not same
@@ -466,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
                 if same
                 else f"DIFFERS from {shipped.name if shipped.exists() else 'nothing shipped'}"
             )
-            print(f"{shipped.name}  {sha}  {verdict} ({task or 'the book'})", flush=True)
+            print(f"{shipped.name}  {sha}  {verdict} ({_named(task, config)})", flush=True)
     if args.ship:
         for stale in set(SHIPPED.glob("*.safetensors")) - {shipped_weights(t, c) for t, c in STANDINS}:
             stale.unlink()
