@@ -19,8 +19,9 @@
 # This notebook follows `labs/grpo-stuck/train.py`. Each arm breaks the book's run one way (a length
 # with no room for the answer, a temperature near zero, a learning rate too small, a KL pull too
 # strong, a reward that parses another tag than the prompt asks for, rollouts sampled from the base
-# while the adapter trains); the run doctor names what held it back and prints one next step; the chapter parses that
-# step from the finding's text and trains it. Here: the table of cause, finding, fix and held-out
+# while the adapter trains, a question the model already answers and one it never does); the run
+# doctor names what held it back and prints one next step; the chapter parses that step from the
+# finding's text and trains it. Here: the table of cause, finding, fix and held-out
 # accuracy; correctness per step, broken beside mended; and each finding read back into flags.
 #
 # Runs go to the same MLflow store as the lab (`mlflow.db` at the repository root, or
@@ -182,7 +183,8 @@ for arm in lab.ARMS:
         continue
     (printed,) = [f for f in record[arm.name]["findings"] if f.startswith(f"{arm.cause}: ")]
     finding = Finding(arm.cause, printed.split(": ", 1)[1])
-    mended = children[f"{arm.name}-fixed"].data
+    # Mended arms that came out the same (the same reward, settings and seed) share one run.
+    mended = client.get_run(record[f"{arm.name}-fixed"]["run_id"]).data
     if (swap := reward_swap(finding)) is not None:
         step, trained = f"pay {swap[1]} in place of {swap[0]}", mended.tags["arm.reward"]
     else:

@@ -6,7 +6,7 @@
 | ``small-addition`` | a + b, both in 0..19 (chapter 1's CPU stand-in's) | one integer: ``38`` |
 | ``countdown`` | reach a target from 3-4 numbers, each once, with + - * / | an expression: ``(50 + 3) * 2`` |
 | ``sorting`` | sort 3-8 integers in 0..99 | the list, comma-separated: ``3, 7, 7, 15`` |
-| ``lastdigit`` | the last digit of a number in 100..99999 (chapter 4's) | one integer: ``7`` |
+| ``lastdigit`` | the last digit of a number in 100..99999 (chapter 4's); config ``{"ask": ...}``: ``first_digit`` (easier), ``digit_sum`` (harder) | one integer: ``7`` |
 
 Every task pays ``correctness_reward`` 1.0 for a right answer and ``format_reward`` 0.2 for exactly one
 tag holding a well-formed answer of its type, both parsed by the task's one ``parse_answer``, so the
@@ -33,6 +33,11 @@ pays for it (``task.check``)::
     get_task("my_task.py")                                        # a file of the reader's own
     get_task("questions.jsonl", {"checker": "number"})            # a data file, its checker
     get_task("reasoning-gym:basic_arithmetic", {"max_terms": 3})  # a procedural dataset
+    get_task("lastdigit", {"ask": "digit_sum"})                    # a book task's harder question
+
+Of the book's tasks only ``lastdigit`` takes a config: a ladder of questions about one number, so the
+run doctor can name the neighbouring question (``t.easier``, ``t.harder``) when a task is solved
+already or out of the policy's reach.
 """
 
 from __future__ import annotations

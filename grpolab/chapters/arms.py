@@ -36,6 +36,10 @@ CHART = "arms/reward_vs_held_out.png"
 CAUSES_CHART = "arms/broken_and_mended.png"  # the chart of arms that each reproduce a cause (chapter 8)
 COMPLETIONS = "arms/completions.md"
 RECORD = "arms/arms.json"
+VERDICT = "arms/verdict.md"
+# MLflow cuts a tag longer than this (mlflow.utils.validation.MAX_TAG_VAL_LENGTH), the description too:
+# a chapter of many arms writes its Overview to fit, and what does not fit is named by its artifact.
+NOTE_LIMIT = 8000
 SAMPLES = 4  # held-out completions shown per arm, before and after
 PANELS_PER_ROW = 3  # chapter 8's picture: three causes a row, so the page shows it at a readable size
 
@@ -556,13 +560,26 @@ def completions_table(results: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def fit_note(parts: Sequence[tuple[str, str | None]], limit: int = NOTE_LIMIT) -> str:
+    """The parts of a description in order, each whole or, where it would pass `limit`, its stand-in
+    (a line naming the artifact that holds it): a description MLflow cuts loses its end silently."""
+    kept: list[str] = []
+    for part, instead in parts:
+        for text in (part, instead):
+            if text is not None and len("\n\n".join([*kept, text])) <= limit:
+                kept.append(text)
+                break
+    return "\n\n".join(kept)
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", "\\n").replace("`", "'")[:80]
 
 
 def log_report(results: Sequence[dict[str, Any]], parent_run_id: str) -> str:
-    """The comparison on the parent run: the record, the chart, the completions, a metric per arm,
-    and the description (the verdict, the chart, the completions). Returns the verdict."""
+    """The comparison on the parent run: the record, the chart, the completions, the verdict, a metric
+    per arm, and the description (the table of causes where arms reproduce them, the chart, the
+    verdict, the completions: as many as MLflow keeps). Returns the verdict and the table of causes."""
     import mlflow
 
     mlflow.log_dict({"arms": list(results)}, RECORD)
@@ -581,17 +598,29 @@ def log_report(results: Sequence[dict[str, Any]], parent_run_id: str) -> str:
             values[f"arms/{r['arm']}/kl_last_quarter"] = _quarter(r["kl"], 3)
         mlflow.log_metrics(values)
     causes = causes_table(results)
-    text = verdict(results) + (f"\n\n{causes}" if causes else "")
+    said = verdict(results)
+    text = said + (f"\n\n{causes}" if causes else "")
+    mlflow.log_text(said + "\n", VERDICT)
     link = f"get-artifact?path={drawn.replace('/', '%2F')}&run_uuid={parent_run_id}"
     alt = (
         "correctness per step, broken beside mended"
         if by_cause
         else "paid vs exact, held-out accuracy, KL per arm"
     )
-    note = (
-        f"{text}\n\n![{alt}]({link})\n\n"
-        f"Held-out completions, before and after:\n\n{table}\n\n"
-        "(The arms share one process: an arm's memory peak includes what earlier arms left.)"
-    )
+    picture = f"![{alt}]({link})"
+    # Each part of the Overview, and what stands in its place when it does not fit: chapter 8's opens
+    # with its table of causes (the verdict of sixteen arms alone passes MLflow's limit), chapter 4's
+    # with its verdict.
+    verdicts = (said, f"Each arm's verdict: the artifact `{VERDICT}`.")
+    opening = [(causes, None), (picture, None), verdicts] if causes else [verdicts, (picture, None)]
+    parts = [
+        *opening,
+        (
+            f"Held-out completions, before and after:\n\n{table}",
+            f"Held-out completions, before and after: the artifact `{COMPLETIONS}`.",
+        ),
+        ("(The arms share one process: an arm's memory peak includes what earlier arms left.)", None),
+    ]
+    note = fit_note(parts)
     mlflow.set_tag("mlflow.note.content", note)
     return text

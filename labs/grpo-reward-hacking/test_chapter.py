@@ -94,7 +94,12 @@ def test_the_chapters_run_carries_the_verdict_the_chart_and_the_completions(cpu_
     assert "**loose**" in note and "**exact**" in note and "reward_hacking" in note
     assert f"get-artifact?path=arms%2Freward_vs_held_out.png&run_uuid={parent.info.run_id}" in note
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "arms")}
-    assert artifacts == {"arms/arms.json", "arms/completions.md", "arms/reward_vs_held_out.png"}
+    assert artifacts == {
+        "arms/arms.json",
+        "arms/completions.md",
+        "arms/reward_vs_held_out.png",
+        "arms/verdict.md",
+    }
     assert "| loose |" in note  # the completions, side by side, in the description
 
 

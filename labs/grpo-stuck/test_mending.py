@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpolab.chapters.arms import Arm, causes_table, fixed_arm
+from grpolab.chapters.arms import NOTE_LIMIT, Arm, causes_table, fit_note, fixed_arm
 from grpolab.config.settings import lab_settings
 from grpolab.judging.doctor import Finding, reward_swap
 
@@ -112,3 +112,14 @@ def test_every_arm_passes_the_settings_check_on_both_profiles():
     for profile in ("cpu", "gpu"):
         for arm in lab.ARMS:
             check(lab_settings(LAB_DIR, profile).replace(**arm.changes))
+
+
+def test_the_overview_keeps_each_part_whole_or_names_its_artifact_within_mlflows_limit():
+    from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
+
+    assert NOTE_LIMIT == MAX_TAG_VAL_LENGTH  # past it MLflow cuts the description's end silently
+    table, verdict = "| arm |\n" + "| x |\n" * 10, "v" * 90
+    parts = [(table, None), (verdict, "the verdict: arms/verdict.md"), ("tail", None)]
+    assert fit_note(parts, limit=120) == f"{table}\n\nthe verdict: arms/verdict.md\n\ntail"
+    assert fit_note(parts, limit=1000) == f"{table}\n\n{verdict}\n\ntail"
+    assert fit_note(parts, limit=10) == "tail"  # a part too long with no stand-in is left out
