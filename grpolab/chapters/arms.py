@@ -29,7 +29,7 @@ from typing import Any
 
 from budgets import BudgetError
 from grpolab.config.errors import refuse
-from grpolab.config.settings import LabSettingsError
+from grpolab.config.settings import FLAGS, LabSettingsError
 from grpolab.judging.doctor import quarters, series, step_rows
 
 CHART = "arms/reward_vs_held_out.png"
@@ -95,7 +95,7 @@ def main(
 
 def _main(lab_dir, arms, train, args, stops) -> int:
     from grpolab.lab import console
-    from grpolab.lab.prepare import budget_only, prepare, prompts
+    from grpolab.lab.prepare import prepare, prompts
     from grpolab.lifecycle import store, tracking
 
     stops.enter("the run's preparation (imports, settings, budget)")
@@ -114,15 +114,17 @@ def _main(lab_dir, arms, train, args, stops) -> int:
         )
     if args.budget_only:
         try:
-            print(budget_only(lab_dir, args))
+            print(arms_budget(lab_dir, args, arms))
         except (LabSettingsError, BudgetError) as err:
             return refuse(err)
         return 0
     try:
         store.require(tracking.tracking_uri())
-        device, settings, sheet, card_note = prepare(lab_dir, args)
-        for name in chosen:  # every arm's settings are checked before the first one loads anything
-            _check(settings.replace(**by_name[name].changes))
+        device, settings, _, card_note = prepare(lab_dir, args)
+        for name in chosen:  # every arm's settings and sheet are checked before the first one loads anything
+            arm_settings = settings.replace(**by_name[name].changes)
+            _check(arm_settings)
+            arm_sheet(arm_settings, device).require_fits(accepts=FLAGS)
         from grpolab.model import cuda_env
 
         cuda = cuda_env.configure(settings.unsloth_vllm_standby)
@@ -132,7 +134,7 @@ def _main(lab_dir, arms, train, args, stops) -> int:
     if cuda.note:
         print(cuda.note, flush=True)
     return _run(
-        lab_dir, [by_name[n] for n in chosen], train, args, settings, sheet, device, card_note, cuda, dataset
+        lab_dir, [by_name[n] for n in chosen], train, args, settings, device, card_note, cuda, dataset
     )
 
 
@@ -142,7 +144,7 @@ def _check(settings) -> None:
     check(settings)
 
 
-def _run(lab_dir, chosen, train, args, settings, sheet, device, card_note, cuda, dataset) -> int:
+def _run(lab_dir, chosen, train, args, settings, device, card_note, cuda, dataset) -> int:
     import mlflow
 
     from grpolab.lifecycle import tracking
@@ -159,9 +161,7 @@ def _run(lab_dir, chosen, train, args, settings, sheet, device, card_note, cuda,
     with tracking.lab_run(settings.chapter, parent_name, tags) as parent:
         mlflow.log_params(settings.as_params())
         try:
-            _arms(
-                chosen, train, args, settings, sheet, device, card_note, cuda, dataset, parent_name, results
-            )
+            _arms(chosen, train, args, settings, device, card_note, cuda, dataset, parent_name, results)
         except KeyboardInterrupt as stop:
             _stopped(stop, chosen, results)
             raise
@@ -174,9 +174,7 @@ def _run(lab_dir, chosen, train, args, settings, sheet, device, card_note, cuda,
     return 0
 
 
-def _arms(
-    chosen, train, args, settings, sheet, device, card_note, cuda, dataset, parent_name, results
-) -> None:
+def _arms(chosen, train, args, settings, device, card_note, cuda, dataset, parent_name, results) -> None:
     """Each arm in turn, nested under the chapter's run; its summary appended to `results`."""
     import mlflow
 
@@ -212,9 +210,9 @@ def _arms(
             )
             continue
         name = f"{arm.name}-{parent_name}"
-        arm_sheet, arm_dataset = _task_inputs(arm_settings, settings, sheet, dataset, device)
+        own_sheet, arm_dataset = _arm_inputs(arm_settings, settings, dataset, device)
         with session(
-            arm_settings, arm_sheet, device, args, arm_dataset, card_note, nested=True, cuda=cuda, name=name
+            arm_settings, own_sheet, device, args, arm_dataset, card_note, nested=True, cuda=cuda, name=name
         ) as run:
             train(run, arm.reward)
         client = mlflow.MlflowClient()
@@ -242,17 +240,42 @@ def _arms(
                 queue.insert(0, fixed)
 
 
-def _task_inputs(arm_settings, settings, sheet, dataset, device):
-    """The budget sheet and prompts of an arm: the chapter's, unless the arm asks another question
-    (chapter 8's solved and unreachable arms change task_config), whose prompts are its own and whose
-    sheet is computed for them (the longest prompt is a line of it)."""
-    if (arm_settings.task, arm_settings.task_config) == (settings.task, settings.task_config):
-        return sheet, dataset
+def _arm_inputs(arm_settings, settings, dataset, device):
+    """An arm's budget sheet and prompts. The sheet is its own: an arm changes what a step holds
+    (chapter 8's cut arm, two tokens a completion; its unsynced arm on a GPU, no vLLM). The prompts
+    are the chapter's unless the arm asks another question (chapter 8's solved and unreachable arms)."""
+    from grpolab.lab.prepare import prompts
+
+    same_task = (arm_settings.task, arm_settings.task_config) == (settings.task, settings.task_config)
+    return arm_sheet(arm_settings, device), dataset if same_task else prompts(arm_settings)
+
+
+def arm_sheet(arm_settings, device):
+    """The budget sheet of an arm's settings on the card its run is checked against."""
     from budgets import compute
-    from grpolab.lab.prepare import card_plan, prompts
+    from grpolab.lab.prepare import card_plan
 
     plan, _, _ = card_plan(arm_settings, device, arm_settings.profile)
-    return compute(plan), prompts(arm_settings)
+    return compute(plan)
+
+
+def arms_budget(lab_dir: Path, args: argparse.Namespace, arms: Sequence[Arm]) -> str:
+    """`--budget-only`: the chapter's sheet, then each arm's verdict on the same card, from the arm's
+    own settings (a mended arm's settings come from the doctor's finding, so it has none until then)."""
+    from grpolab.config.settings import check
+    from grpolab.lab.prepare import budget_only, budget_settings
+
+    text = budget_only(lab_dir, args)
+    if args.json:
+        return text
+    settings, device = budget_settings(lab_dir, args)
+    rows = []
+    for arm in arms:
+        arm_settings = settings.replace(**arm.changes)
+        check(arm_settings)
+        changed = ", ".join(f"{k} {v}" for k, v in arm.changes.items()) or f"paying {arm.reward}"
+        rows.append(f"  {arm.name:<12} {changed}: {arm_sheet(arm_settings, device).verdict(accepts=FLAGS)}")
+    return "\n".join([text, "", "each arm's sheet (its own settings, on the same card):", *rows])
 
 
 def fixed_arm(arm: Arm, findings, settings) -> Arm | None:

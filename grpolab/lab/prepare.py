@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from grpolab.config.settings import FLAGS, LabSettings, LabSettingsError, check, lab_settings, overrides_from
 from grpolab.judging import task_check
@@ -100,12 +101,8 @@ def card_plan(settings: LabSettings, device, profile: str):
     return plan, card_note, other_note
 
 
-def budget_only(lab_dir: Path, args: argparse.Namespace) -> str:
-    """`--budget-only`: the sheet this chapter's run would be checked against, with what --headroom and
-    --suggest-util add, as a table or JSON. The gpu profile's unless --profile cpu: the point is to
-    see the real run's cost before there is a card to run it on."""
-    from budgets import compute
-    from budgets.cli import extras, render
+def budget_settings(lab_dir: Path, args: argparse.Namespace) -> tuple[LabSettings, Any]:
+    """`--budget-only`'s settings, checked, and the device: the gpu profile's unless --profile cpu."""
     from grpolab.memory.device import Device, DeviceError, detect
 
     try:
@@ -115,7 +112,18 @@ def budget_only(lab_dir: Path, args: argparse.Namespace) -> str:
     profile = "cpu" if args.profile == "cpu" else "gpu"
     settings = lab_settings(lab_dir, profile, overrides_from(args))
     check(settings)
-    plan, card_note, other_note = card_plan(settings, device, profile)
+    return settings, device
+
+
+def budget_only(lab_dir: Path, args: argparse.Namespace) -> str:
+    """`--budget-only`: the sheet this chapter's run would be checked against, with what --headroom and
+    --suggest-util add, as a table or JSON. The gpu profile's unless --profile cpu: the point is to
+    see the real run's cost before there is a card to run it on."""
+    from budgets import compute
+    from budgets.cli import extras, render
+
+    settings, device = budget_settings(lab_dir, args)
+    plan, card_note, other_note = card_plan(settings, device, settings.profile)
     text = render(compute(plan), extras(plan, args.headroom, args.suggest_util), args.json, accepts=FLAGS)
     if args.json:
         return text

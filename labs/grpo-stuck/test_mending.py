@@ -123,3 +123,26 @@ def test_the_overview_keeps_each_part_whole_or_names_its_artifact_within_mlflows
     assert fit_note(parts, limit=120) == f"{table}\n\nthe verdict: arms/verdict.md\n\ntail"
     assert fit_note(parts, limit=1000) == f"{table}\n\n{verdict}\n\ntail"
     assert fit_note(parts, limit=10) == "tail"  # a part too long with no stand-in is left out
+
+
+def test_the_budget_prints_each_arms_own_sheet_on_the_16_gb_card(capsys, tmp_path, monkeypatch):
+    """`--budget-only` (the page's command): the chapter's sheet on lab.toml's RTX 5080, then a verdict
+    per arm from the arm's own settings, which the arm's run is checked against before any arm loads:
+    the cut arm holds two tokens a completion, the unsynced arm no vLLM (it generates with the trainer)."""
+    import re
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    lab = load_lab_module(LAB_DIR)
+    assert lab.main(["--budget-only"]) == 0
+    out = capsys.readouterr().out
+    chapter = float(re.search(r"^verdict: fits: peak ([\d.]+) GiB of 15.92 GiB", out, re.M).group(1))
+    peaks = {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(r"^  (\S+) .*: fits: peak ([\d.]+) GiB of 15.92 GiB", out, re.M)
+    }
+    assert peaks.keys() == {arm.name for arm in lab.ARMS}, out
+    assert peaks["cut"] < chapter and peaks["unsynced"] < peaks["cut"], peaks
+    assert (
+        peaks["cold"] == peaks["still"] == peaks["leashed"] == chapter
+    )  # sampling and step settings hold no memory
+    assert not (tmp_path / "mlflow.db").exists()
