@@ -864,3 +864,12 @@ def test_groups_of_one_right_completion_repeated_are_a_solved_task_not_a_cold_te
         frac_reward_zero_std=lambda t: 1.0,
     )
     assert "no_diversity" in names(diagnose(cold, {**values, "temperature": 0.05}, set(FLAGS)))
+    # Cold groups that happen to be right at first are still cold: a warmer temperature is the step
+    # (chapter 8's cold arm, seed 1: its first 8 prompts answered right at 0.05, half its later ones).
+    lucky = history(
+        reward=lambda t: 1.2 if t < STEPS // 4 else 0.7,
+        frac_reward_zero_std=lambda t: 1.0,
+        **{"completions/distinct_share": lambda t: 1 / 8, "rewards/correctness_reward/mean": lambda t: 0.8},
+    )
+    found = diagnose(lucky, {**values, "temperature": 0.05}, set(FLAGS))
+    assert names(found) == {"no_diversity"}, found

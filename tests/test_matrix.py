@@ -104,3 +104,15 @@ def test_the_readme_quick_matrix_a_plain_and_a_forked_process_compute_the_same(m
     assert plain["standins"] and plain["standins"] == forked["standins"]
     assert plain["figures"] == forked["figures"] and plain["fingerprint"] == forked["fingerprint"]
     assert "grpo-first, seed 0, 2 contexts: one result." in (tmp_path / "matrix.md").read_text()
+
+
+def test_a_figure_the_run_did_not_measure_fails_its_claim_in_one_line():
+    """Chapter 8's mended arm exists only when the doctor named its cause: a seed where it did not
+    has no figure for it, and that claim fails (it said the arm learns) rather than the matrix."""
+    claim = claims.Claim("the cold arm mended learns", "cold-fixed_rise", at_least=7)
+    assert claims.check([claim], {"cold-fixed_rise": 16}) == []
+    (line,) = claims.check([claim], {"cold_named": 0})
+    assert (
+        line
+        == "the cold arm mended learns: cold-fixed_rise was not measured (its run is not there), needs >= 7"
+    )

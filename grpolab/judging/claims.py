@@ -41,9 +41,11 @@ class Claim:
     at_most: float | None = None
 
     def holds(self, figures: Mapping[str, float]) -> bool:
-        value = figures[self.figure]
-        return (self.at_least is None or value >= self.at_least) and (
-            self.at_most is None or value <= self.at_most
+        """False where the run did not measure the figure (chapter 8: a mended arm that never ran)."""
+        value = figures.get(self.figure)
+        return value is not None and (
+            (self.at_least is None or value >= self.at_least)
+            and (self.at_most is None or value <= self.at_most)
         )
 
     def bound(self) -> str:
@@ -55,6 +57,8 @@ class Claim:
         """Empty when it holds; else one line: the claim, the figure, what it needed."""
         if self.holds(figures):
             return ""
+        if self.figure not in figures:
+            return f"{self.text}: {self.figure} was not measured (its run is not there), needs {self.bound()}"
         return f"{self.text}: {self.figure} = {figures[self.figure]:g}, needs {self.bound()}"
 
 

@@ -469,12 +469,15 @@ def _no_diversity(
     """Groups whose completions are (nearly) all the same from the start: sampling with no spread, so
     no completion beats its group and nothing is learned. Not a policy that converged (that comes late,
     after learning): the first quarter is read. Nor a policy that repeats a completion paid nearly all
-    there is (`most`): that one is not cold but done, the task too easy for it (no_learning_signal's;
-    chapter 8's solved arm, at temperature 1.0, was first named here, with a warmer temperature as the
-    step, which mends nothing)."""
+    there is (`most`) at the book's temperature: that one is not cold but done, the task too easy for
+    it (no_learning_signal's; chapter 8's solved arm, at temperature 1.0, was first named here, with a
+    warmer temperature as the step, which mends nothing). Below that temperature it is cold, whatever
+    its first groups were paid: chapter 8's cold arm at 0.05 answered its first 8 prompts right on
+    seed 1, and was named nothing it could mend until this read the temperature."""
     distinct, group = series(rows, "completions/distinct_share"), values.get("num_generations")
     reward = series(rows, "reward")
-    if reward and statistics.fmean(reward[: max(len(reward) // 4, MIN_STEPS)]) >= SOLVED * most:
+    cold = _warmer(values) is not None
+    if not cold and reward and statistics.fmean(reward[: max(len(reward) // 4, MIN_STEPS)]) >= SOLVED * most:
         return []
     # A confident model samples the same answer often (the CPU stand-in writes 1 to 6 distinct ones of
     # 16, one group a step): that still teaches. A group that is one completion, repeated, cannot.
