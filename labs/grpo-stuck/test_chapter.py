@@ -65,9 +65,11 @@ def test_every_cause_ran_broken_then_mended_nested_under_the_chapters_run(stuck,
     shared = {name for name, a in stuck["arms"].items() if a["same_run_as"]}
     assert set(stuck["children"]) == expected - shared
     assert all(r.info.status == "FINISHED" for r in stuck["children"].values())
-    # The five steps back to the recipe (a temperature, a learning rate, a beta, the rollouts' adapter,
-    # a question) share the first one's run: the same settings, to the last param.
-    assert {"still-fixed", "leashed-fixed", "unsynced-fixed", "solved-fixed", "unreachable-fixed"} <= shared
+    # The steps back to the recipe (a beta, the rollouts' adapter, the question twice) share the first
+    # one's run, cold-fixed's (a temperature): the same settings, to the last param. The still arm's
+    # step, the book's learning rate (1e-2), is not the chapter's (7e-3): a run of its own.
+    assert shared == {"leashed-fixed", "unsynced-fixed", "solved-fixed", "unreachable-fixed"}
+    assert {stuck["arms"][name]["same_run_as"] for name in shared} == {"cold-fixed"}
     for name in shared:
         same = stuck["arms"][name]["same_run_as"]
         assert stuck["arms"][same]["same_run_as"] is None and stuck["arms"][same]["fixes"] is not None
