@@ -262,17 +262,16 @@ def arm_sheet(arm_settings, device):
 def arms_budget(lab_dir: Path, args: argparse.Namespace, arms: Sequence[Arm]) -> str:
     """`--budget-only`: the chapter's sheet, then each arm's verdict on the same card, from the arm's
     own settings (a mended arm's settings come from the doctor's finding, so it has none until then)."""
-    from grpolab.config.settings import check
-    from grpolab.lab.prepare import budget_only, budget_settings
+    from grpolab.lab.prepare import budget_settings, budget_text
 
-    text = budget_only(lab_dir, args)
+    settings, device = budget_settings(lab_dir, args)
+    text = budget_text(settings, device, args)
     if args.json:
         return text
-    settings, device = budget_settings(lab_dir, args)
     rows = []
     for arm in arms:
         arm_settings = settings.replace(**arm.changes)
-        check(arm_settings)
+        _check(arm_settings)
         changed = ", ".join(f"{k} {v}" for k, v in arm.changes.items()) or f"paying {arm.reward}"
         rows.append(f"  {arm.name:<12} {changed}: {arm_sheet(arm_settings, device).verdict(accepts=FLAGS)}")
     return "\n".join([text, "", "each arm's sheet (its own settings, on the same card):", *rows])

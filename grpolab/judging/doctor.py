@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,12 +198,8 @@ def diagnose(
         task = _task(values)
         if level >= SOLVED * most:
             why = "the task is too easy for the policy: it already solves it"
-            fix = (
-                advise(set_to("task_config", task.harder)) + " (a harder question of the same task)"
-                if task is not None and task.harder is not None and "task_config" in accepts
-                else "pick a harder task with --task"
-                if "task" in accepts
-                else "pick a harder task"
+            fix = _question(task, "harder", accepts, advise) or (
+                "pick a harder task with --task" if "task" in accepts else "pick a harder task"
             )
         elif out_of_reach and level > LOW_REWARD:
             why = (
@@ -212,10 +208,8 @@ def diagnose(
                 f"{', '.join(r.metric for r in paid)}): nearly every group held no right answer, so none "
                 f"beat its group: the task is out of the policy's reach"
             )
-            fix = (
-                advise(set_to("task_config", task.easier)) + " (an easier question of the same task)"
-                if task is not None and task.easier is not None and "task_config" in accepts
-                else advise(raise_("num_generations"), raise_("temperature")) + ", or an easier task"
+            fix = _question(task, "easier", accepts, advise) or (
+                advise(raise_("num_generations"), raise_("temperature")) + ", or an easier task"
             )
         elif level <= LOW_REWARD:
             why = "most groups scored nothing"
@@ -408,6 +402,15 @@ def _held_still(
 def _task(values: Mapping[str, Any]):
     """The run's task, or None when the run names none."""
     return get_task(values["task"], values.get("task_config")) if values.get("task") is not None else None
+
+
+def _question(task, which: str, accepts: Collection[str], advise) -> str | None:
+    """The step to the task's `which` ("easier" or "harder") question, or None where it has no
+    such neighbour (a task with no ladder) or the command cannot set one."""
+    config = None if task is None else getattr(task, which)
+    if config is None or "task_config" not in accepts:
+        return None
+    return f"{advise(set_to('task_config', config))} ({'an' if which == 'easier' else 'a'} {which} question of the same task)"
 
 
 def _book(values: Mapping[str, Any]) -> dict[str, Any]:

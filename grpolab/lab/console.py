@@ -55,6 +55,8 @@ def use_step_lines(trainer, meter) -> None:
     """Swap the trainer's progress callback for one that writes `step_line` under the same bar."""
     from transformers.trainer_callback import ProgressCallback  # imports torch: not at module level
 
+    from grpolab.lifecycle.endings import STOPS
+
     class StepLine(ProgressCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
             logs = logs or {}
@@ -62,8 +64,6 @@ def use_step_lines(trainer, meter) -> None:
                 return
             if "train_runtime" in logs:  # the end-of-training summary: the lab prints its own
                 return
-            from grpolab.lifecycle.endings import STOPS
-
             peak = meter.step_peaks[-1][1] if meter.step_peaks else None
             line = step_line(state.global_step, state.max_steps, logs, meter.speed(), peak)
             self.training_bar.write(line)

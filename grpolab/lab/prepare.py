@@ -119,10 +119,15 @@ def budget_only(lab_dir: Path, args: argparse.Namespace) -> str:
     """`--budget-only`: the sheet this chapter's run would be checked against, with what --headroom and
     --suggest-util add, as a table or JSON. The gpu profile's unless --profile cpu: the point is to
     see the real run's cost before there is a card to run it on."""
+    settings, device = budget_settings(lab_dir, args)
+    return budget_text(settings, device, args)
+
+
+def budget_text(settings: LabSettings, device, args: argparse.Namespace) -> str:
+    """`--budget-only`'s sheet of `settings` on the card the run is checked against (budget_settings')."""
     from budgets import compute
     from budgets.cli import extras, render
 
-    settings, device = budget_settings(lab_dir, args)
     plan, card_note, other_note = card_plan(settings, device, settings.profile)
     text = render(compute(plan), extras(plan, args.headroom, args.suggest_util), args.json, accepts=FLAGS)
     if args.json:
