@@ -79,6 +79,21 @@ if not HAS_CUDA:
 collect_ignore_glob = [f"labs/{c.name}/*" for c in chapters() if not c.here]
 CHAPTER_TIMEOUT_S = 3600  # one chapter's README command, on a loaded 2-core machine
 CHAPTER_NICE = 10  # the chapters' README runs yield the CPU to the tests (run_chapter says why)
+# The CPU seconds each long chapter run used in a fresh clone's CI on 2 cores (2026-12-06, its lab
+# process's user + system time, read from /proc while the suite ran; grpo-headroom's alone, less its
+# imports). All niced alike, the runs progressed alike and the longest, chapter 8's, ran alone on one
+# core for its last 180 s while the other core idled (1290 s of pytest). Niced by what each needs
+# (chapter_nice), the long runs end near one another and the two cores stay busy to the end. A
+# scheduling hint only: the nice level never changes a computed bit, and a chapter not named is niced
+# as the short ones are.
+CHAPTER_CPU_S = {
+    "grpo-stuck": 365,
+    "grpo-headroom": 275,
+    "grpo-reward-hacking": 200,
+    "grpo-first": 147,
+    "grpo-ship": 42,
+}
+SHORT_RUN_CPU_S = 120  # a run needing at most this much stays at CHAPTER_NICE
 
 
 # --- the runs started early -----------------------------------------------------------------------
@@ -185,7 +200,7 @@ def run_chapter(background: Background, name: str) -> ChapterRun:
     # Niced: the tests run one after another, and while the chapters run beside them each test waits
     # on a share of two cores; the tests first, the chapters on what the tests leave, and the session
     # ends closer to its work over two cores (CI had one core idle for the last 140 s of 917).
-    lab = Lab(name, script, args, uri, store, nice=CHAPTER_NICE)
+    lab = Lab(name, script, args, uri, store, nice=chapter_nice(chapter))
     code = lab.wait(timeout=CHAPTER_TIMEOUT_S)
     written = sorted(set((OUTPUTS / name).glob("*")) - before)
     background.cleanup += [lambda p=p: shutil.rmtree(p, ignore_errors=True) for p in written]
@@ -196,6 +211,23 @@ def run_chapter(background: Background, name: str) -> ChapterRun:
     return ChapterRun(
         chapter, command, code, lab.stdout, lab.stderr, lab.seconds, store, uri, client, runs, written
     )
+
+
+def chapter_nice(chapter: Chapter) -> int:
+    """The nice level of a chapter's README run: CHAPTER_NICE, less a level for each factor of 1.25 by
+    which its CPU (with that of a chapter that starts from its run, which waits on it) passes a short
+    run's. Linux weighs a process 1.25 times more per level of nice, so each long run's share of what
+    the tests leave is in proportion to what it needs. A chapter that starts from another's run has
+    that run's level: it is the rest of the same wait."""
+    import math
+
+    if chapter.starts_from is not None:
+        return chapter_nice(next(c for c in chapters() if c.name == chapter.starts_from))
+    seconds = CHAPTER_CPU_S.get(chapter.name, 0)
+    seconds += sum(CHAPTER_CPU_S.get(c.name, 0) for c in chapters() if c.starts_from == chapter.name)
+    if seconds <= SHORT_RUN_CPU_S:
+        return CHAPTER_NICE
+    return max(0, CHAPTER_NICE - round(math.log(seconds / SHORT_RUN_CPU_S, 1.25)))
 
 
 def _copy_sqlite(source: Path, target: Path) -> None:
