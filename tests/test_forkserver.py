@@ -37,6 +37,7 @@ print(json.dumps({
     "random": [random.random(), float(numpy.random.rand()), float(torch.rand(1))],
     "threads": torch.get_num_threads(), "unsloth": "unsloth" in sys.modules,
     "isa_known": valid_vec_isa_list.cache_info().currsize == 1,
+    "nice": os.getpriority(os.PRIO_PROCESS, 0),
 }), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 action = sys.argv[1] if len(sys.argv) > 1 else ""
@@ -150,6 +151,29 @@ def test_a_second_caller_forks_from_the_same_server_and_its_children_end_with_it
     assert child.wait(timeout=forkserver.GRACE_S + 30) == -signal.SIGTERM
     assert time.monotonic() - started < forkserver.GRACE_S
     assert run(server, script, "0")[0] == 0  # the owner's server goes on
+
+
+def test_a_child_has_its_callers_nice_level_as_a_subprocess_would(server, script):
+    """A caller niced to leave the CPU to other work (the suite's chapter runs) forks its children
+    niced alike, as the subprocesses it replaces would be; a caller at the server's level, not."""
+    caller = (
+        "import json, os, subprocess, sys\n"
+        "from grpolab.lab.forkserver import ForkServer\n"
+        "os.nice(int(sys.argv[3]))\n"
+        "child = ForkServer.connect(sys.argv[1]).run(sys.argv[2], ['0'], stdout=subprocess.PIPE)\n"
+        "print(child.stdout.readline(), end='')\n"
+        "sys.exit(child.wait(timeout=120))\n"
+    )
+    for nice in (7, 0):
+        done = subprocess.run(
+            [sys.executable, "-c", caller, server.path, str(script), str(nice)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stderr
+        assert facts(done.stdout)["nice"] == nice
+    assert facts(run(server, script, "0")[1])["nice"] == os.getpriority(os.PRIO_PROCESS, 0)
 
 
 def test_a_server_of_its_own_ends_its_children_when_closed(script):

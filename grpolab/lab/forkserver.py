@@ -30,7 +30,8 @@ Why forking is safe here:
 
 A child's environment is its caller's, with the changes `env=` asks for, and then what the imports
 set in the server's (Unsloth's `PYTORCH_ALLOC_CONF`): what a fresh process that imported the stack
-would hold. What it does not get as a fresh process would: what the imports print (Unsloth's
+would hold. Its nice level is its caller's, as a subprocess inherits it (a chapter the test suite
+niced has its arms' and cells' processes niced alike). What it does not get as a fresh process would: what the imports print (Unsloth's
 banner) is not printed (the server's own output is discarded), and variables the stack reads only
 when it is imported keep the server's values (`UNSLOTH_VLLM_STANDBY` is "0", as on every CPU lab).
 
@@ -235,6 +236,9 @@ class ForkServer:
                     },
                     "cwd": str(cwd or os.getcwd()),
                     "fds": fds,
+                    # A subprocess inherits its parent's priority: a chapter niced to leave the CPU
+                    # to other work has its cells' and arms' processes niced alike.
+                    "nice": os.getpriority(os.PRIO_PROCESS, 0),
                 }
                 socket.send_fds(self._sock, [json.dumps(request).encode()], send)
                 with self._changed:
@@ -496,6 +500,8 @@ def _child(request: dict[str, Any], fds: list[int]) -> int:
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(signum, signal.SIG_DFL)
     os.chdir(request["cwd"])
+    if request.get("nice", 0) > os.getpriority(os.PRIO_PROCESS, 0):  # (raising a priority needs privilege)
+        os.setpriority(os.PRIO_PROCESS, 0, request["nice"])
     os.environ.clear()
     os.environ.update({name: value for name, value in request["env"].items() if value is not None})
     _redirect(request["fds"], fds)
