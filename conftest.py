@@ -79,19 +79,19 @@ if not HAS_CUDA:
 collect_ignore_glob = [f"labs/{c.name}/*" for c in chapters() if not c.here]
 CHAPTER_TIMEOUT_S = 3600  # one chapter's README command, on a loaded 2-core machine
 CHAPTER_NICE = 10  # the chapters' README runs yield the CPU to the tests (run_chapter says why)
-# The CPU seconds each long chapter run used in a fresh clone's CI on 2 cores (2026-12-06, its lab
-# process's user + system time, read from /proc while the suite ran; grpo-headroom's alone, less its
-# imports). All niced alike, the runs progressed alike and the longest, chapter 8's, ran alone on one
-# core for its last 180 s while the other core idled (1290 s of pytest). Niced by what each needs
-# (chapter_nice), the long runs end near one another and the two cores stay busy to the end. A
-# scheduling hint only: the nice level never changes a computed bit, and a chapter not named is niced
-# as the short ones are.
+# The CPU seconds each long chapter run used in a fresh clone's CI on 2 cores (2026-12-06, at 0b4f0b8:
+# the user + system time of its processes, its arms' and cells' included, read from /proc while the
+# suite ran). All niced alike, the runs progressed alike and the longest, chapter 8's, ran alone on
+# one core for its last 180 s while the other idled (1233 to 1290 s of pytest). Niced by what each
+# needs (chapter_nice), the long runs end within 35 s of one another and both cores stay busy until
+# then (1220 s). A scheduling hint only: the nice level never changes a computed bit, and a chapter
+# not named is niced as the short ones are.
 CHAPTER_CPU_S = {
-    "grpo-stuck": 365,
-    "grpo-headroom": 275,
-    "grpo-reward-hacking": 200,
-    "grpo-first": 147,
-    "grpo-ship": 42,
+    "grpo-stuck": 375,
+    "grpo-headroom": 375,
+    "grpo-reward-hacking": 210,
+    "grpo-first": 156,
+    "grpo-ship": 44,
 }
 SHORT_RUN_CPU_S = 120  # a run needing at most this much stays at CHAPTER_NICE
 
@@ -502,22 +502,23 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         background.start(key)
 
 
-# The background runs in the order they ended in a fresh clone's CI on 2 cores (2026-12-06: the
-# `background runs, started-ended` line it prints). The tests that read a run go in this order, so the
-# tests of the runs that ended early (a chapter's notebook, its picture, its MLflow UI) are done before
-# the suite waits on the last: in the README's order, the tests of five chapters waited on headroom's
-# and chapter 8's runs, then ran one after another on one core, 145 s after the last run ended (973 s
-# of pytest). A scheduling hint only: any order gives the same results; a run not named here goes last.
+# The background runs in the order they ended in a fresh clone's CI on 2 cores (2026-12-06, at 0b4f0b8:
+# the `background runs, started-ended` line it prints). The tests that read a run go in this order, so
+# the tests of the runs that ended early (a chapter's notebook, its picture, its MLflow UI) are done
+# before the suite waits on the last: in the README's order, the tests of five chapters waited on
+# headroom's and chapter 8's runs, then ran one after another on one core, 145 s after the last run
+# ended (973 s of pytest). A scheduling hint only: any order gives the same results; a run not named
+# here goes last.
 ENDS_FIRST = (
     "sketch",
     "wave",
     "own_tasks",
     "matrix_quick",
-    "chapter:grpo-own-task",
-    "chapter:grpo-sizing",
     "stops",
     "chapter:grpo-first",
+    "chapter:grpo-own-task",
     "chapter:grpo-ship",
+    "chapter:grpo-sizing",
     "chapter:grpo-reward-hacking",
     "chapter:grpo-headroom",
     "chapter:grpo-stuck",
