@@ -83,9 +83,10 @@ CHAPTER_NICE = 10  # the chapters' README runs yield the CPU to the tests (run_c
 # the user + system time of its processes, its arms' and cells' included, read from /proc while the
 # suite ran). All niced alike, the runs progressed alike and the longest, chapter 8's, ran alone on
 # one core for its last 180 s while the other idled (1233 to 1290 s of pytest). Niced by what each
-# needs (chapter_nice), the long runs end within 35 s of one another and both cores stay busy until
-# then (1220 s). A scheduling hint only: the nice level never changes a computed bit, and a chapter
-# not named is niced as the short ones are.
+# needs (chapter_nice), the last three ended within 35 and 100 s of one another in the next two CIs,
+# with both cores busy until then (1220 and 1289 s: the suite is bound by its CPU, about 2,400 s, not
+# by the order it spends it in). A scheduling hint only: the nice level never changes a computed bit,
+# and a chapter not named is niced as the short ones are.
 CHAPTER_CPU_S = {
     "grpo-stuck": 375,
     "grpo-headroom": 375,
