@@ -251,3 +251,27 @@ def test_sigint_and_sighup_end_as_sigterm_does(stops, signum):
         assert case.sent, case.lab.log()
         assert case.code == 128 + signum, case.lab.log()
         assert all(r.info.status in ("KILLED", "FINISHED") for r in case.runs), case.lab.log()
+
+
+def test_a_signal_as_the_run_ends_is_acted_on_not_dropped(monkeypatch):
+    """A signal that lands as a lab's run has ended, while its handlers are swapped for the process's
+    end, still ends the process 128 + the signal: read before the swap, it was recorded and dropped
+    (the process exited 0, and a test's held exit waited 30 minutes for a signal that had come)."""
+    acted: list[int] = []
+    stops = endings.Stops()
+
+    def install(handler):  # no real handler in the test's process: only the instant between them
+        if handler is after_the_run:
+            stops._arrived(signal.SIGHUP, None)  # the signal lands as the handlers change
+        return {}
+
+    def after_the_run(signum, frame):
+        acted.append(signum)
+
+    monkeypatch.setattr(endings, "_install", install)
+    monkeypatch.setattr(endings, "_after_the_run", after_the_run)
+    monkeypatch.setattr(endings, "_lab_entry_point", lambda: True)
+    with stops.armed():
+        stops.now(endings.AFTER_THE_RUN)
+    assert acted == [signal.SIGHUP]
+    assert stops.pending is None

@@ -31,9 +31,10 @@ Why forking is safe here:
 A child's environment is its caller's, with the changes `env=` asks for, and then what the imports
 set in the server's (Unsloth's `PYTORCH_ALLOC_CONF`): what a fresh process that imported the stack
 would hold. Its nice level is its caller's, as a subprocess inherits it (a chapter the test suite
-niced has its arms' and cells' processes niced alike). What it does not get as a fresh process would: what the imports print (Unsloth's
-banner) is not printed (the server's own output is discarded), and variables the stack reads only
-when it is imported keep the server's values (`UNSLOTH_VLLM_STANDBY` is "0", as on every CPU lab).
+niced has its arms' and cells' processes niced alike). What it does not get as a fresh process
+would: what the imports print (Unsloth's banner) is not printed (the server's own output is
+discarded), and variables the stack reads only when it is imported keep the server's values
+(`UNSLOTH_VLLM_STANDBY` is "0", as on every CPU lab).
 
 The server listens on a Unix socket. The process that starts it owns it: when that process closes
 it or dies, the server stops every child still running (SIGTERM, SIGKILL after `GRACE_S`) and

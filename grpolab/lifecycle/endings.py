@@ -180,7 +180,6 @@ class Stops:
             yield self
         finally:
             previous, self._previous = self._previous, None
-            pending, self.pending = self.pending, None
             if ends_the_process:
                 # A lab's entry point ends through exit_process: its handlers take over here, leaving no
                 # instant under Python's own between the run's end and the process's (a SIGINT sent as
@@ -188,6 +187,10 @@ class Stops:
                 _install(_after_the_run)
             else:
                 _restore(previous)
+            # Read once the handlers are swapped: read before, a signal landing in between was recorded
+            # and then dropped (the process exited 0, or a test's held exit waited for it in vain:
+            # a fresh clone's CI, 2026-12-07).
+            pending, self.pending = self.pending, None
         if ends_the_process and pending is not None:  # one that came after the last check: not dropped
             _after_the_run(pending[0], None)
 
