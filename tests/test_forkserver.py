@@ -9,6 +9,7 @@ their caller goes away.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,9 +17,10 @@ import time
 
 import pytest
 
+from grpolab.config.paths import REPO_ROOT
 from grpolab.lab import forkserver
 
-from suite import HAS_CUDA, fork_server
+from suite import HAS_CUDA, LAB_DIR, fork_server
 
 pytestmark = [
     pytest.mark.slow,
@@ -174,6 +176,46 @@ def test_a_child_has_its_callers_nice_level_as_a_subprocess_would(server, script
         assert done.returncode == 0, done.stderr
         assert facts(done.stdout)["nice"] == nice
     assert facts(run(server, script, "0")[1])["nice"] == os.getpriority(os.PRIO_PROCESS, 0)
+
+
+# A lab run through this script reports how many graphs of the attention mask's compile its process
+# held when it started and when it ended.
+MASK_WATCH = """
+import atexit, runpy, sys
+import transformers.masking_utils as masks
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+def graphs():
+    original = getattr(masks, "_unsloth_original_create_causal_mask", masks.create_causal_mask)
+    return len(_debug_get_cache_entry_list(original))
+started = graphs()
+atexit.register(lambda: print(f"mask graphs: {started} at the start, {graphs()} at the end", flush=True))
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_forked_lab_compiles_no_attention_mask_of_its_own(server, tmp_path):
+    """The server compiled the masks a CPU lab asks for (training, reference log-probs, evaluation,
+    generation): a forked lab of two steps with a held-out evaluation finds every graph it needs and
+    traces none, so none of its CPU goes to it. A lab that makes a call the server did not (a library
+    upgrade that changes how transformers or Unsloth call the mask) fails here."""
+    watch = tmp_path / "watch.py"
+    watch.write_text(MASK_WATCH)
+    lab = ["--output-dir", str(tmp_path / "out"), "--max-steps", "2", "--eval-prompts", "4"]
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONUNBUFFERED": "1"}
+    child = server.run(
+        watch,
+        [str(LAB_DIR / "train.py"), *lab],
+        env=env,
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    out, _ = child.communicate(timeout=600)
+    assert child.returncode == 0, out[-3000:]
+    started, ended = map(int, re.search(r"mask graphs: (\d+) at the start, (\d+) at the end", out).groups())
+    assert started > 0, "the server compiled no mask before the fork"
+    assert ended == started, f"the lab traced {ended - started} mask graph(s) of its own"
 
 
 def test_a_server_of_its_own_ends_its_children_when_closed(script):

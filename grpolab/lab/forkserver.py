@@ -23,7 +23,8 @@ Why forking is safe here:
   and torch's global generators from the OS, as a fresh process starts. (A lab then seeds them from
   its settings, so its runs stay reproducible.)
 - **The server forks from its only Python thread**, between requests, holding no lock, and has
-  opened nothing a child could share (no MLflow store, no model: imports only). Threads a library
+  opened nothing a child could share (no MLflow store; the model it compiles the masks on is freed,
+  its folder removed, before the first fork: `compile_masks`). Threads a library
   started while importing (pyarrow's jemalloc) are not copied into a child; the library
   reinitialises after a fork. torch's thread count is set in each child from `OMP_NUM_THREADS`
   (OpenMP reads the variable once, when it loads).
@@ -97,7 +98,8 @@ def available() -> bool:
 def preload() -> None:
     """Import what every lab imports, as a CPU lab does: the CPU's arithmetic pinned, the standby
     switch, then Unsloth, then the rest; let Unsloth generate its trainers (what every lab's policy
-    load does first), and ask inductor what the CPU's vector instructions are (its first compile does)."""
+    load does first), ask inductor what the CPU's vector instructions are (its first compile does),
+    and compile the attention masks every lab's forward compiles."""
     import importlib
 
     from grpolab.config import numerics
@@ -129,6 +131,73 @@ def preload() -> None:
     valid_vec_isa_list()
     torch_key()
     CacheBase.get_system()
+    compile_masks()
+
+
+def compile_masks() -> None:
+    """Compile, once for every child, what each lab's first forward compiles: the attention masks.
+
+    Unsloth's loader replaces transformers' `create_causal_mask` with a `torch.compile` of it
+    (unsloth_zoo/temporary_patches/misc.py, `dynamic=True`), and each process traced it anew: a
+    graph for each kind of call below, about 3 s of CPU of a two-step lab's 15 (py-spy, 2026-12-07,
+    this repository's 2-core machine). Traced here, on the book's stand-in loaded as a CPU lab loads it, a child
+    finds the graphs in its cache: its guards hold on another load of the model and other shapes.
+    A mask holds which positions attend to which, booleans built from integer indices, so no float
+    a run computes depends on whether its graph was traced here or in the run's own process.
+    The stand-in is written to a folder of its own, not to the cache the children build theirs in
+    (the matrix checks each context's build), and everything the warm-up held is freed before the
+    first fork: no model, no open file, no thread of its own (tqdm's monitor is not started)."""
+    import gc
+    import shutil
+
+    import torch
+    import tqdm
+
+    from grpolab.config.paths import LABS
+    from grpolab.config.settings import lab_settings
+    from grpolab.model.policy import load_policy
+    from grpolab.tiny_model import ensure_tiny_model
+
+    folder = tempfile.mkdtemp(prefix="grpolab-forkserver-standin-")
+    interval, tqdm.tqdm.monitor_interval = tqdm.tqdm.monitor_interval, 0
+    try:
+        standin = ensure_tiny_model(Path(folder) / "tiny-qwen3")
+        settings = lab_settings(LABS / "grpo-first", "cpu", {"model": str(standin)})
+        model, tokenizer = load_policy(settings)
+
+        # The calls a CPU lab makes, each a graph of its own (dynamo guards on grad mode, on inference
+        # tensors, on a cache or none, on a dimension of 1): the trainer packs a batch's sequences
+        # into one row, positions restarting at each (a row with plain positions needs no mask and
+        # is not compiled), and runs it with grad, without (old and reference log-probs) and under
+        # inference mode, with positions made before it or inside it; generation runs a padded
+        # batch, its prefill and its cached steps.
+        def packed() -> torch.Tensor:
+            return torch.cat([torch.arange(10), torch.arange(14)]).unsqueeze(0)
+
+        row = torch.randint(3, 60, (1, 24))
+        model(input_ids=row, position_ids=packed(), use_cache=False).logits.sum().backward()
+        with torch.no_grad():
+            model(input_ids=row, position_ids=packed(), use_cache=False)
+        positions = packed()
+        with torch.inference_mode():
+            model(input_ids=row, position_ids=positions, use_cache=False)
+            model(input_ids=row, position_ids=packed(), use_cache=False)
+        prompts = torch.randint(3, 60, (3, 24))
+        mask = torch.ones_like(prompts)
+        mask[0, :5] = 0  # left padding, as a batch of prompts has
+        with torch.no_grad():
+            model.generate(
+                input_ids=prompts,
+                attention_mask=mask,
+                max_new_tokens=3,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        del model, tokenizer
+    finally:
+        tqdm.tqdm.monitor_interval = interval
+        gc.collect()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 # --- the caller's side --------------------------------------------------------------------------
