@@ -46,6 +46,31 @@ def test_probe_catches_a_short_peak_inside_its_phase():
         probe.stop()
 
 
+@pytest.mark.slow  # it forks a child
+def test_the_resident_set_is_read_as_psutil_reads_it_in_the_process_that_asks():
+    """The probe keeps its /proc/<pid>/statm open; a child forked after a read (every forked lab)
+    reads its own resident set, not its parent's."""
+    import psutil
+
+    from grpolab.memory.probe import _rss_bytes
+
+    assert abs(_rss_bytes() - psutil.Process().memory_info().rss) < 4 * 1024**2
+    _rss_bytes()  # the parent's descriptor is open when the child is forked
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        before = _rss_bytes()
+        block = torch.ones(96 * 1024 * 1024 // 4)  # 96 MiB, touched so it is resident
+        os.write(write, f"{before} {_rss_bytes()} {psutil.Process().memory_info().rss}".encode())
+        del block
+        os._exit(0)
+    os.close(write)
+    before, after, by_psutil = map(int, os.read(read, 100).split())
+    os.waitpid(pid, 0)
+    assert abs(after - by_psutil) < 4 * 1024**2
+    assert after - before > 64 * 1024**2, "the child read a resident set that did not hold its block"
+
+
 def test_nested_phases_credit_the_peak_to_both_and_remember_the_failing_phase():
     probe = MemoryProbe(CPU, interval_s=0.002).start()
     try:
