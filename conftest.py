@@ -79,20 +79,20 @@ if not HAS_CUDA:
 collect_ignore_glob = [f"labs/{c.name}/*" for c in chapters() if not c.here]
 CHAPTER_TIMEOUT_S = 3600  # one chapter's README command, on a loaded 2-core machine
 CHAPTER_NICE = 10  # the chapters' README runs yield the CPU to the tests (run_chapter says why)
-# The CPU seconds each long chapter run used in a fresh clone's CI on 2 cores (2026-12-06, at 0b4f0b8:
+# The CPU seconds each long chapter run used in a fresh clone's CI on 2 cores (2026-12-07, at 3436e31:
 # the user + system time of its processes, its arms' and cells' included, read from /proc while the
-# suite ran). All niced alike, the runs progressed alike and the longest, chapter 8's, ran alone on
+# suite ran; chapter 5's fell from 375 s when the fork server began compiling the masks its arms trace). All niced alike, the runs progressed alike and the longest, chapter 8's, ran alone on
 # one core for its last 180 s while the other idled (1233 to 1290 s of pytest). Niced by what each
 # needs (chapter_nice), the last three ended within 35 and 100 s of one another in the next two CIs,
 # with both cores busy until then (1220 and 1289 s: the suite is bound by its CPU, about 2,400 s, not
 # by the order it spends it in). A scheduling hint only: the nice level never changes a computed bit,
 # and a chapter not named is niced as the short ones are.
 CHAPTER_CPU_S = {
-    "grpo-stuck": 375,
-    "grpo-headroom": 375,
-    "grpo-reward-hacking": 210,
-    "grpo-first": 156,
-    "grpo-ship": 44,
+    "grpo-stuck": 378,
+    "grpo-headroom": 296,
+    "grpo-reward-hacking": 211,
+    "grpo-first": 154,
+    "grpo-ship": 43,
 }
 SHORT_RUN_CPU_S = 120  # a run needing at most this much stays at CHAPTER_NICE
 
@@ -503,7 +503,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         background.start(key)
 
 
-# The background runs in the order they ended in a fresh clone's CI on 2 cores (2026-12-06, at 0b4f0b8:
+# The background runs in the order they ended in a fresh clone's CI on 2 cores (2026-12-07, at 3436e31:
 # the `background runs, started-ended` line it prints). The tests that read a run go in this order, so
 # the tests of the runs that ended early (a chapter's notebook, its picture, its MLflow UI) are done
 # before the suite waits on the last: in the README's order, the tests of five chapters waited on
@@ -516,12 +516,12 @@ ENDS_FIRST = (
     "own_tasks",
     "matrix_quick",
     "stops",
-    "chapter:grpo-first",
     "chapter:grpo-own-task",
-    "chapter:grpo-ship",
+    "chapter:grpo-first",
     "chapter:grpo-sizing",
-    "chapter:grpo-reward-hacking",
+    "chapter:grpo-ship",
     "chapter:grpo-headroom",
+    "chapter:grpo-reward-hacking",
     "chapter:grpo-stuck",
 )
 

@@ -218,11 +218,14 @@ def test_a_forked_lab_compiles_no_attention_mask_of_its_own(server, tmp_path):
     assert ended == started, f"the lab traced {ended - started} mask graph(s) of its own"
 
 
-def test_a_server_of_its_own_ends_its_children_when_closed(script):
+def test_a_server_of_its_own_ends_its_children_when_closed(tmp_path):
     """What a sweep started by a user does (no server given): it starts one (here one that imports
-    nothing first: the serving is the same); closing it ends the server and the children still running."""
+    nothing first, and a child that imports nothing either: the serving is the same); closing it ends
+    the server and the children still running."""
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(60)\n")
     own = forkserver.ForkServer.start(stack=False)
-    child = own.run(script, ["sleep"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child = own.run(sleeper, [], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert child.stdout.readline()
     own.close()
     assert child.wait(timeout=5) == -signal.SIGTERM
