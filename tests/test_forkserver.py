@@ -31,6 +31,7 @@ SCRIPT = """
 import atexit, json, os, random, sys, time
 import numpy, torch
 from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+from tqdm.std import TqdmDefaultWriteLock, tqdm
 atexit.register(lambda: print("atexit ran", flush=True))
 print(json.dumps({
     "argv": sys.argv[1:], "cwd": os.getcwd(), "name": __name__, "path0": sys.path[0],
@@ -40,6 +41,7 @@ print(json.dumps({
     "threads": torch.get_num_threads(), "unsloth": "unsloth" in sys.modules,
     "isa_known": valid_vec_isa_list.cache_info().currsize == 1,
     "nice": os.getpriority(os.PRIO_PROCESS, 0),
+    "tqdm_lock": "mp_lock" in vars(TqdmDefaultWriteLock) or "_lock" in vars(tqdm),
 }), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 action = sys.argv[1] if len(sys.argv) > 1 else ""
@@ -92,6 +94,9 @@ def test_a_child_runs_the_script_as_python_would(server, script, tmp_path, monke
     assert seen["stdin"] == ""  # /dev/null
     assert seen["unsloth"], "the stack was imported before the fork: the child pays nothing for it"
     assert seen["isa_known"], "inductor's check of the CPU's vector instructions was made before the fork"
+    # tqdm's write lock is a multiprocessing lock: one made in the server would be every child's, and
+    # a child stopped while holding it would block the others' progress bars for good.
+    assert not seen["tqdm_lock"], "the child inherited tqdm's lock from the server"
     assert err == "to stderr\n" and out.rstrip().endswith("atexit ran")  # the interpreter's own end
 
 

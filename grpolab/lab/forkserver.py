@@ -146,12 +146,12 @@ def compile_masks() -> None:
     a run computes depends on whether its graph was traced here or in the run's own process.
     The stand-in is written to a folder of its own, not to the cache the children build theirs in
     (the matrix checks each context's build), and everything the warm-up held is freed before the
-    first fork: no model, no open file, no thread of its own (tqdm's monitor is not started)."""
+    first fork: no model, no open file, no thread, no lock a child could inherit held."""
     import gc
     import shutil
 
     import torch
-    import tqdm
+    from tqdm import tqdm
 
     from grpolab.config.paths import LABS
     from grpolab.config.settings import lab_settings
@@ -159,7 +159,7 @@ def compile_masks() -> None:
     from grpolab.tiny_model import ensure_tiny_model
 
     folder = tempfile.mkdtemp(prefix="grpolab-forkserver-standin-")
-    interval, tqdm.tqdm.monitor_interval = tqdm.tqdm.monitor_interval, 0
+    interval, tqdm.monitor_interval = tqdm.monitor_interval, 0  # no monitor thread in the server
     try:
         standin = ensure_tiny_model(Path(folder) / "tiny-qwen3")
         settings = lab_settings(LABS / "grpo-first", "cpu", {"model": str(standin)})
@@ -195,9 +195,30 @@ def compile_masks() -> None:
             )
         del model, tokenizer
     finally:
-        tqdm.tqdm.monitor_interval = interval
+        tqdm.monitor_interval = interval
+        _forget_tqdm_lock()
         gc.collect()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _forget_tqdm_lock() -> None:
+    """tqdm as a fresh process has it: no write lock yet. The first progress bar (inductor opens one,
+    disabled, to wait on its compiles) creates tqdm's class-wide lock, a multiprocessing lock: made in
+    the server, every child would share one semaphore, and a child stopped while it held the lock
+    (the suite stops labs mid-step) would block the others' next bar for good (seen in a CI: ten labs
+    asleep in `TqdmDefaultWriteLock.acquire`). Forgotten here, each child makes its own."""
+    from tqdm.std import TqdmDefaultWriteLock, tqdm
+
+    classes, seen = [tqdm], []
+    while classes:
+        cls = classes.pop()
+        seen.append(cls)
+        classes.extend(cls.__subclasses__())
+    for cls in seen:
+        if "_lock" in vars(cls):
+            delattr(cls, "_lock")
+    if "mp_lock" in vars(TqdmDefaultWriteLock):
+        del TqdmDefaultWriteLock.mp_lock
 
 
 # --- the caller's side --------------------------------------------------------------------------
