@@ -140,8 +140,9 @@ def compile_masks() -> None:
     Unsloth's loader replaces transformers' `create_causal_mask` with a `torch.compile` of it
     (unsloth_zoo/temporary_patches/misc.py, `dynamic=True`), and each process traced it anew: a
     graph for each kind of call below, about 3 s of CPU of a two-step lab's 15 (py-spy, 2026-12-07,
-    this repository's 2-core machine). Traced here, on the book's stand-in loaded as a CPU lab loads it, a child
-    finds the graphs in its cache: its guards hold on another load of the model and other shapes.
+    this repository's 2-core machine). Traced here, on the book's stand-in loaded as a CPU lab loads
+    it, a child finds the graphs in its cache: its guards hold on another load of the model and other
+    shapes (tests/test_forkserver.py counts the graphs a forked lab adds: none).
     A mask holds which positions attend to which, booleans built from integer indices, so no float
     a run computes depends on whether its graph was traced here or in the run's own process.
     The stand-in is written to a folder of its own, not to the cache the children build theirs in
