@@ -81,8 +81,9 @@ CHAPTER_TIMEOUT_S = 3600  # one chapter's README command, on a loaded 2-core mac
 CHAPTER_NICE = 10  # the chapters' README runs yield the CPU to the tests (run_chapter says why)
 # The CPU seconds each long chapter run used in a fresh clone's CI on 2 cores (2026-12-07, at 3436e31:
 # the user + system time of its processes, its arms' and cells' included, read from /proc while the
-# suite ran; chapter 5's fell from 375 s when the fork server began compiling the masks its arms trace). All niced alike, the runs progressed alike and the longest, chapter 8's, ran alone on
-# one core for its last 180 s while the other idled (1233 to 1290 s of pytest). Niced by what each
+# suite ran; chapter 5's fell from 375 s when the fork server began compiling the masks its arms
+# trace). All niced alike, the runs progressed alike and the longest, chapter 8's, ran alone on one
+# core for its last 180 s while the other idled (1233 to 1290 s of pytest). Niced by what each
 # needs (chapter_nice), the last three ended within 35 and 100 s of one another in the next two CIs,
 # with both cores busy until then (1220 and 1289 s: the suite is bound by its CPU, about 2,400 s, not
 # by the order it spends it in). A scheduling hint only: the nice level never changes a computed bit,

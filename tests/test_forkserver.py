@@ -202,8 +202,9 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def test_a_forked_lab_compiles_no_attention_mask_of_its_own(server, tmp_path):
     """The server compiled the masks a CPU lab asks for (training, reference log-probs, evaluation,
     generation): a forked lab of one step with a held-out evaluation (every kind of call, each at least
-    once) finds every graph it needs and traces none, so none of its CPU goes to it. A lab that makes a call the server did not (a library
-    upgrade that changes how transformers or Unsloth call the mask) fails here."""
+    once) finds every graph it needs and traces none, so none of its CPU goes to it. A lab that makes a
+    call the server did not (a library upgrade that changes how transformers or Unsloth call the mask)
+    fails here."""
     watch = tmp_path / "watch.py"
     watch.write_text(MASK_WATCH)
     lab = ["--output-dir", str(tmp_path / "out"), "--max-steps", "1", "--eval-prompts", "2"]
