@@ -802,7 +802,9 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     import mlflow
 
     from grpolab.lifecycle import tracking
+    from grpolab.lifecycle.store import new_sqlite_store
 
+    new_sqlite_store(tmp_path / "mlflow.db")  # as a lab's new store starts: the migrated schema, copied
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     tracking.use_store()
     yield tmp_path

@@ -88,6 +88,31 @@ def test_each_logged_group_is_a_trace_of_the_run_with_its_rewards_and_advantages
     assert [m.step for m in seconds] == [7] and seconds[0].value > 0
 
 
+@pytest.mark.slow
+def test_a_steps_groups_reach_the_store_in_one_write_of_their_spans(store, monkeypatch):
+    """MLflow's exporter writes spans five at a time unless told otherwise: a transaction per five
+    completions, most of what a trace cost. The labs' store batches them (tracking.TRACE_SPAN_BATCH)."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    written: list[int] = []
+    log_spans = SqlAlchemyStore.log_spans
+
+    def counted(self, location, spans, *args, **kwargs):
+        written.append(len(spans))
+        return log_spans(self, location, spans, *args, **kwargs)
+
+    monkeypatch.setattr(SqlAlchemyStore, "log_spans", counted)
+    trainer = SimpleNamespace(_logs=trainer_logs(groups=4, size=8), num_generations=8)
+    with mlflow.start_run():
+        completions.CompletionLog(trainer, max_groups=4).on_log(
+            None, SimpleNamespace(global_step=1), None, logs={"rewards/format_reward/mean": 0.2}
+        )
+        completions.flush()
+    assert sum(written) == 4 * (1 + 8), "every span of the four groups is written"
+    # A write every 5 s besides: two, should the interval fall within these few milliseconds.
+    assert len(written) <= 2, f"the spans took {len(written)} writes ({written}): not batched"
+
+
 def test_held_out_completions_of_base_and_adapter_side_by_side(store):
     settings = lab_settings(LAB_DIR, "cpu").replace(task="addition", eval_prompts=3, seed=0)
 

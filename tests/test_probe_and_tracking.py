@@ -203,6 +203,53 @@ def test_the_default_store_is_the_repository_sqlite_file(monkeypatch):
     assert tracking.tracking_uri() == f"sqlite:///{tracking.REPO_ROOT / 'mlflow.db'}"
 
 
+def schema(path) -> list:
+    """A SQLite store's tables, indexes and rows, as a list to compare (its experiments' times and
+    artifact folders left out: they are the store's own)."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        found = sorted(db.execute("SELECT type, name, sql FROM sqlite_master"))
+        names = [n for t, n, _ in found if t == "table" and n != "experiments"]
+        rows = [(n, sorted(map(repr, db.execute(f'SELECT * FROM "{n}"')))) for n in names]
+        experiments = sorted(db.execute("SELECT experiment_id, name, lifecycle_stage FROM experiments"))
+    return [found, rows, experiments]
+
+
+@pytest.mark.slow
+def test_a_new_store_is_the_migrated_schema_copied_and_mlflow_opens_it_as_its_own(tmp_path, monkeypatch):
+    """A lab's new store starts as a copy of MLflow's migrated schema: the same tables, indexes and
+    rows as a store MLflow creates itself, its Default experiment made by MLflow as it opens the copy,
+    and no migration run once the template exists."""
+    from mlflow.store.db import utils as db_utils
+
+    from grpolab.config.paths import CACHE_ENV
+    from grpolab.lifecycle import store
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    (tmp_path / "mlflow").mkdir()
+    (own,) = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}").search_experiments()
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'first' / 'mlflow.db'}")
+    (tmp_path / "first").mkdir()
+    tracking.client().search_experiments()  # builds the template, then copies it
+    assert schema(tmp_path / "first" / "mlflow.db") == schema(tmp_path / "mlflow" / "mlflow.db")
+    assert [p.name for p in (tmp_path / "cache" / "mlflow-schema").iterdir()] == [
+        store.schema_template().name
+    ], "one template, nothing partial beside it"
+
+    def migrate(engine):
+        raise AssertionError("a new store was migrated, not copied")
+
+    monkeypatch.setattr(db_utils, "_initialize_tables", migrate)
+    second = tmp_path / "second"
+    second.mkdir()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{second / 'mlflow.db'}")
+    (default,) = tracking.client().search_experiments()
+    assert (default.name, default.artifact_location) == ("Default", own.artifact_location)
+    assert sorted(p.name for p in second.iterdir()) == ["mlflow.db"], "the copy was renamed into place"
+
+
 def test_run_context_records_versions_and_the_lock(store):
     versions = tracking.library_versions()
     assert versions["version/trl"] == "1.15.0"

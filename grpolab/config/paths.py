@@ -11,7 +11,8 @@ CACHE_ENV = "GRPOLAB_CACHE"  # another folder for the stand-ins (the matrix buil
 
 
 def cache_root() -> Path:
-    """Where the tiny CPU models are built once: `.cache/`, or $GRPOLAB_CACHE when it is set."""
+    """What the labs build once and reuse (the tiny CPU models, MLflow's migrated schema, shipped
+    adapters): `.cache/`, or $GRPOLAB_CACHE when it is set."""
     return Path(os.environ.get(CACHE_ENV) or REPO_ROOT / ".cache")
 
 

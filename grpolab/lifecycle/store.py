@@ -16,8 +16,9 @@ nothing:
 - a file store (file:, a plain path): its folder, or the nearest one that exists, can be written.
 
 Other schemes (databricks, postgresql, ...) are left to MLflow. Creating a new SQLite store is
-`grpolab.lifecycle.tracking`'s job: it migrates under `setup_lock`, which the check here respects (a store
-another lab is creating right now is not "locked").
+`grpolab.lifecycle.tracking`'s job, under `setup_lock`, which the check here respects (a store another lab
+is creating right now is not "locked"). It starts from a copy of MLflow's migrated schema
+(`new_sqlite_store`), built once per MLflow version and schema revision.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -90,6 +91,58 @@ def setup_lock(uri: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def new_sqlite_store(path: Path) -> None:
+    """Create the SQLite store `path` (which does not exist yet) as MLflow's schema migration leaves a
+    new one: its tables at the latest revision, no experiment (MLflow adds its Default experiment,
+    with this store's artifact root, when it first opens the store). A copy of a store migrated once
+    and kept under the cache folder (`schema_template`): the migration runs some sixty steps, about
+    1 s of CPU, for every new store (2026-12-07, this repository's 2-core machine), and the test
+    suite's labs start a hundred. The copy lands whole or not at all (written beside, then renamed):
+    a lab stopped meanwhile leaves no store, or an empty one."""
+    import shutil
+
+    path = path.resolve()
+    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    os.close(fd)
+    try:
+        shutil.copyfile(schema_template(), partial)
+        os.replace(partial, path)
+    finally:
+        with suppress(FileNotFoundError):
+            os.unlink(partial)
+
+
+def schema_template() -> Path:
+    """An empty SQLite store at MLflow's latest schema revision (mlflow.store.db.utils'
+    `_initialize_tables`, what MLflow's store runs on a new database), built once for each MLflow
+    version and revision under the cache folder; built anew if missing. Two processes that build it
+    at once each write a whole one; the last rename wins."""
+    import mlflow
+    import sqlalchemy
+    from mlflow.store.db.utils import _get_latest_schema_revision, _initialize_tables
+
+    from grpolab.config.paths import cache_root
+
+    folder = cache_root() / "mlflow-schema"
+    template = folder / f"mlflow-{mlflow.__version__}-{_get_latest_schema_revision()}.db"
+    if template.exists():
+        return template
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(dir=folder, prefix=f".{template.name}.", suffix=".partial")
+    os.close(fd)
+    try:
+        engine = sqlalchemy.create_engine(f"sqlite:///{partial}")
+        try:
+            _initialize_tables(engine)
+        finally:
+            engine.dispose()
+        os.replace(partial, template)
+    finally:
+        with suppress(FileNotFoundError):
+            os.unlink(partial)
+    return template
 
 
 # --- the checks -----------------------------------------------------------------------------------
