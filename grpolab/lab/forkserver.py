@@ -66,7 +66,10 @@ PIPE, STDOUT = subprocess.PIPE, subprocess.STDOUT
 ENV = "GRPOLAB_FORKSERVER"  # the socket path of a server this process may fork its labs from
 # What every lab imports before its first step, in the order a lab imports it (Unsloth first), and
 # what MLflow imports only when a run opens its store: its SQL store, and alembic, which creates a new
-# store's tables (1.3 to 1.7 s of CPU a forked lab paid on its own, measured 2026-12-03).
+# store's tables (1.3 to 1.7 s of CPU a forked lab paid on its own, measured 2026-12-03). Then what a
+# lab imports later, as it runs: MLflow's tracer, model flavours and system metrics, the grpolab
+# modules a run or a chapter's arms load on the way, the charts' backend (py-spy over a whole suite,
+# 2026-12-07: about 1 s of CPU a forked lab).
 STACK = (
     "grpolab.model.policy",
     "grpolab.lab.session",
@@ -78,7 +81,23 @@ STACK = (
     "mlflow.store.tracking.sqlalchemy_store",
     "alembic.command",
     "alembic.config",
+    "sqlalchemy.dialects.sqlite",
+    "mlflow.pyfunc",
+    "mlflow.tracing.processor.base_mlflow",
+    "mlflow.tracing.export.mlflow_v3",
+    "mlflow.system_metrics.system_metrics_monitor",
+    "tabulate",
+    "matplotlib.backends.backend_agg",
+    "grpolab.lab.meter",
+    "grpolab.judging.overview",
+    "grpolab.lifecycle.step_boundary",
+    "grpolab.chapters.arms",
+    "grpolab.chapters.sweep",
+    "task.check",
 )
+# Imported if they can be: MLflow tags a run with its git commit through GitPython, which asks the
+# git program its version as it is imported (a process each time), and does without it.
+OPTIONAL = ("git",)
 GRACE_S = 30  # how long children get to end after SIGTERM when their caller goes
 START_TIMEOUT_S = 600  # importing the stack: most of a minute on 2 idle cores, minutes under load
 _MESSAGE = 1 << 16
@@ -111,6 +130,9 @@ def preload() -> None:
     cuda_env.configure(False)  # a CPU lab's: standby needs vLLM
     for name in STACK:
         importlib.import_module(name)
+    for name in OPTIONAL:
+        with suppress(ImportError):
+            importlib.import_module(name)
     import matplotlib
 
     matplotlib.use("Agg")  # the charts a run logs; no screen
