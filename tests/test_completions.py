@@ -8,6 +8,7 @@ tests/test_lab_end_to_end.py and opened in a browser by tests/test_mlflow_ui.py.
 from __future__ import annotations
 
 import logging
+import os
 from collections import defaultdict, deque
 from types import SimpleNamespace
 
@@ -91,7 +92,8 @@ def test_each_logged_group_is_a_trace_of_the_run_with_its_rewards_and_advantages
 @pytest.mark.slow
 def test_a_steps_groups_reach_the_store_in_one_write_of_their_spans(store, monkeypatch):
     """MLflow's exporter writes spans five at a time unless told otherwise: a transaction per five
-    completions, most of what a trace cost. The labs' store batches them (tracking.TRACE_SPAN_BATCH)."""
+    completions, most of what a trace cost. The labs' store batches them (tracking.TRACE_SPAN_BATCH),
+    and writes them soon after (TRACE_SPAN_INTERVAL_MS): a process that dies loses its last step's."""
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     written: list[int] = []
@@ -109,8 +111,11 @@ def test_a_steps_groups_reach_the_store_in_one_write_of_their_spans(store, monke
         )
         completions.flush()
     assert sum(written) == 4 * (1 + 8), "every span of the four groups is written"
-    # A write every 5 s besides: two, should the interval fall within these few milliseconds.
+    # Two, should the exporter's interval fall within the few milliseconds the groups take.
     assert len(written) <= 2, f"the spans took {len(written)} writes ({written}): not batched"
+    assert os.environ["MLFLOW_ASYNC_TRACE_LOGGING_MAX_INTERVAL_MILLIS"] == str(
+        tracking.TRACE_SPAN_INTERVAL_MS
+    )
 
 
 def test_held_out_completions_of_base_and_adapter_side_by_side(store):
