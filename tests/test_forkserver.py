@@ -8,6 +8,7 @@ their caller goes away.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import signal
@@ -189,25 +190,37 @@ def test_a_child_has_its_callers_nice_level_as_a_subprocess_would(server, script
 # A lab run through this script reports how many graphs of the attention mask's compile its process
 # held when it started and when it ended.
 MASK_WATCH = """
-import atexit, runpy, sys
+import atexit, logging, runpy, sys
 import transformers.masking_utils as masks
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+from torch._dynamo.utils import counters
 def graphs():
     original = getattr(masks, "_unsloth_original_create_causal_mask", masks.create_causal_mask)
     return len(_debug_get_cache_entry_list(original))
-started = graphs()
-atexit.register(lambda: print(f"mask graphs: {started} at the start, {graphs()} at the end", flush=True))
+def said():
+    print(f"mask graphs: {started} at the start, {graphs()} at the end", flush=True)
+    now = counters["aot_autograd"]
+    print(f"aot_autograd: { {k: now[k] - before.get(k, 0) for k in now if now[k] != before.get(k, 0)} }", flush=True)
+class Bypass(logging.Handler):
+    def emit(self, record):
+        if record.getMessage().startswith("Bypassing"):
+            print(record.getMessage().replace("\\n", " "), flush=True)
+cache_log = logging.getLogger("torch._functorch._aot_autograd.autograd_cache")
+cache_log.addHandler(Bypass())
+cache_log.setLevel(logging.INFO)
+cache_log.propagate = False
+started, before = graphs(), dict(counters["aot_autograd"])
+atexit.register(said)
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def test_a_forked_lab_compiles_no_attention_mask_of_its_own(server, tmp_path):
-    """The server compiled the masks a CPU lab asks for (training, reference log-probs, evaluation,
-    generation): a forked lab of one step with a held-out evaluation (every kind of call, each at least
-    once) finds every graph it needs and traces none, so none of its CPU goes to it. A lab that makes a
-    call the server did not (a library upgrade that changes how transformers or Unsloth call the mask)
-    fails here."""
+@pytest.fixture(scope="module")
+def watched_lab(server, tmp_path_factory) -> str:
+    """A forked lab of one step with a held-out evaluation (every kind of mask call, each at least once),
+    through a script that says at its end what it compiled: its printed output."""
+    tmp_path = tmp_path_factory.mktemp("watched")
     watch = tmp_path / "watch.py"
     watch.write_text(MASK_WATCH)
     lab = ["--output-dir", str(tmp_path / "out"), "--max-steps", "1", "--eval-prompts", "2"]
@@ -222,9 +235,32 @@ def test_a_forked_lab_compiles_no_attention_mask_of_its_own(server, tmp_path):
     )
     out, _ = child.communicate(timeout=600)
     assert child.returncode == 0, out[-3000:]
-    started, ended = map(int, re.search(r"mask graphs: (\d+) at the start, (\d+) at the end", out).groups())
+    return out
+
+
+def test_a_forked_lab_compiles_no_attention_mask_of_its_own(watched_lab):
+    """The server compiled the masks a CPU lab asks for (training, reference log-probs, evaluation,
+    generation): the forked lab finds every graph it needs and traces none, so none of its CPU goes to
+    it. A lab that makes a call the server did not (a library upgrade that changes how transformers or
+    Unsloth call the mask) fails here."""
+    found = re.search(r"mask graphs: (\d+) at the start, (\d+) at the end", watched_lab)
+    started, ended = map(int, found.groups())
     assert started > 0, "the server compiled no mask before the fork"
     assert ended == started, f"the lab traced {ended - started} mask graph(s) of its own"
+
+
+def test_a_labs_compiled_loss_goes_through_the_autograd_cache(watched_lab):
+    """Unsloth's GRPO loss is compiled in every lab (its graph holds an inference-mode region):
+    `cache_compiled_loss` lets AOTAutograd's cache keep it, so the lab saved it or found it there
+    instead of bypassing the cache and tracing it again. A torch or Unsloth release that puts another
+    uncacheable call in the loss fails here, with the reason torch gave."""
+    counts = ast.literal_eval(re.search(r"aot_autograd: (\{.*\})", watched_lab).group(1))
+    assert counts.get("total", 0) >= 1, f"the lab compiled nothing through AOTAutograd: {counts}"
+    reason = re.search(r"Bypassing autograd cache due to: (.*)", watched_lab)
+    assert not counts.get("autograd_cache_bypass"), (
+        f"the loss bypassed the cache: {reason and reason.group(1)}"
+    )
+    assert counts.get("autograd_cache_hit", 0) + counts.get("autograd_cache_saved", 0) >= 1, counts
 
 
 def test_a_server_of_its_own_ends_its_children_when_closed(tmp_path):

@@ -10,7 +10,8 @@ model out of the float16 autocast Unsloth's trainer would otherwise choose on a 
 On a CPU this costs time TRL's own trainer would not take: the first call generates Unsloth's
 trainers (every TRL trainer, not only GRPO's), and the first step compiles Unsloth's log-prob code,
 which unsloth_zoo wraps in torch.compile (`_maybe_compile`, unsloth_zoo/rl_replacements.py) unless
-`UNSLOTH_COMPILE_DISABLE` is set. What the CPU profile's run learns through this trainer, and how
+`UNSLOTH_COMPILE_DISABLE` is set (`cache_compiled_loss` lets torch keep that compile between
+processes). What the CPU profile's run learns through this trainer, and how
 long it takes, is measured on chapter 1's page (labs/grpo-first/README.md, "On a CPU"), with the
 command and the date.
 Under `loss_type="dr_grpo"` Unsloth's config turns an explicit `scale_rewards="group"` into "none";
@@ -22,6 +23,11 @@ from __future__ import annotations
 from typing import Any
 
 GENERATED_NAME = "UnslothGRPOTrainer"
+# What Dynamo writes into a graph for a `with torch.inference_mode():` inside a compiled function.
+INFERENCE_MODE_NODES = (
+    "torch.autograd.grad_mode._enter_inference_mode",
+    "torch.autograd.grad_mode._exit_inference_mode",
+)
 
 
 def grpo_trainer_class() -> type:
@@ -51,7 +57,9 @@ def grpo_trainer_class() -> type:
       class silently if a release stops rewriting TRL.
 
     Unsloth must be imported before TRL's trainer modules are used (as grpolab.model.policy does).
+    It also calls `cache_compiled_loss`, so the loss this trainer compiles is cached like any other.
     """
+    cache_compiled_loss()
     import unsloth  # first: on CUDA this alone rewrites TRL
     import unsloth.models.rl  # noqa: F401  (on CPU: the internal import that runs PatchFastRL)
 
@@ -66,6 +74,30 @@ def grpo_trainer_class() -> type:
             "release that no longer patches TRL this way)"
         )
     return trainer
+
+
+def cache_compiled_loss() -> None:
+    """Let torch's AOTAutograd cache keep Unsloth's compiled GRPO loss from one process to the next.
+
+    Unsloth's loss (`grpo_compute_loss`, unsloth_zoo/rl_replacements.py) computes its metrics under
+    `with torch.inference_mode():` inside the compiled function, so Dynamo writes
+    `_enter_inference_mode` / `_exit_inference_mode` into the graph. Neither is on the allowlist of
+    AOTAutograd's cache (torch 2.13, `check_node_safe` in torch/_functorch/_aot_autograd/
+    autograd_cache.py), so every process bypassed the cache and traced the joint forward and backward
+    graph again: about 1.5 s of CPU a lab, measured on a two-step chapter 1 lab, 2026-12-07 (inductor's
+    own cache still answered, so the kernels were the same either way). The two calls are safe to cache
+    by torch's own rule (their behaviour is fixed by their arguments, constants in the graph that is
+    hashed into the key; pytorch/pytorch#191363 proposed adding them), and torch's documented
+    `torch._inductor.config.unsafe_marked_cacheable_functions` lets a caller say so, keyed by torch's
+    version. Entries a user already set are kept.
+    """
+    import torch
+    import torch._inductor.config as inductor
+
+    marked = dict(inductor.unsafe_marked_cacheable_functions)
+    for name in INFERENCE_MODE_NODES:
+        marked.setdefault(name, torch.__version__)
+    inductor.unsafe_marked_cacheable_functions = marked
 
 
 def keep_float32(model: Any) -> Any:
