@@ -188,7 +188,8 @@ def test_a_child_has_its_callers_nice_level_as_a_subprocess_would(server, script
 
 
 # A lab run through this script reports how many graphs of the attention mask's compile its process
-# held when it started and when it ended.
+# held when it started and when it ended, what its own compiles did with AOTAutograd's cache (counts
+# less what the process inherited from the server), and why torch bypassed that cache, if it did.
 MASK_WATCH = """
 import atexit, logging, runpy, sys
 import transformers.masking_utils as masks

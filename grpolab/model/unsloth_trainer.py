@@ -84,7 +84,7 @@ def cache_compiled_loss() -> None:
     `_enter_inference_mode` / `_exit_inference_mode` into the graph. Neither is on the allowlist of
     AOTAutograd's cache (torch 2.13, `check_node_safe` in torch/_functorch/_aot_autograd/
     autograd_cache.py), so every process bypassed the cache and traced the joint forward and backward
-    graph again: about 1.5 s of CPU a lab, measured on a two-step chapter 1 lab, 2026-12-07 (inductor's
+    graph again: about 1 s of CPU a forked two-step chapter 1 lab, measured 2026-12-07 (inductor's
     own cache still answered, so the kernels were the same either way). The two calls are safe to cache
     by torch's own rule (their behaviour is fixed by their arguments, constants in the graph that is
     hashed into the key; pytorch/pytorch#191363 proposed adding them), and torch's documented
