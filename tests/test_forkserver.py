@@ -31,6 +31,7 @@ pytestmark = [
 SCRIPT = """
 import atexit, gc, json, os, random, sys, time
 import numpy, torch
+from torch._inductor.async_compile import AsyncCompile
 from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 from tqdm.std import TqdmDefaultWriteLock, tqdm
 atexit.register(lambda: print("atexit ran", flush=True))
@@ -44,6 +45,7 @@ print(json.dumps({
     "nice": os.getpriority(os.PRIO_PROCESS, 0),
     "tqdm_lock": "mp_lock" in vars(TqdmDefaultWriteLock) or "_lock" in vars(tqdm),
     "frozen": gc.get_freeze_count(),
+    "compile_pool": AsyncCompile.pool.cache_info().currsize,
 }), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 action = sys.argv[1] if len(sys.argv) > 1 else ""
@@ -99,6 +101,9 @@ def test_a_child_runs_the_script_as_python_would(server, script, tmp_path, monke
     # tqdm's write lock is a multiprocessing lock: one made in the server would be every child's, and
     # a child stopped while holding it would block the others' progress bars for good.
     assert not seen["tqdm_lock"], "the child inherited tqdm's lock from the server"
+    # Inductor's pool of compile threads, where the server's warm-up built a kernel (a new environment's
+    # first server does): copied without its threads, a child's own builds would wait on it for good.
+    assert not seen["compile_pool"], "the child inherited inductor's compile thread pool from the server"
     # What the server imported is frozen: a child's full collections walk only the child's objects.
     assert seen["frozen"] > 100_000, f"{seen['frozen']} objects frozen: the server froze nothing"
     assert err == "to stderr\n" and out.rstrip().endswith("atexit ran")  # the interpreter's own end

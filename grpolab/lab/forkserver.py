@@ -220,6 +220,7 @@ def compile_masks() -> None:
     finally:
         tqdm.monitor_interval = interval
         _forget_tqdm_lock()
+        _forget_compile_pool()
         gc.collect()
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -236,6 +237,21 @@ def _freeze() -> None:
 
     gc.collect()
     gc.freeze()
+
+
+def _forget_compile_pool() -> None:
+    """Inductor as a fresh process has it: no pool of compile threads yet. Where the server's warm-up
+    builds a kernel (the first server of a new environment finds none built for its paths), inductor
+    submits the build to a thread pool it keeps for the process (`AsyncCompile.pool`, with more than
+    one compile thread). A fork copies the pool but not its threads, and torch's own after-fork reset
+    (`after_fork`, torch/_inductor/async_compile.py) clears its process pool, not this one: a child
+    that built a kernel of its own waited on the copy for good (seen here: three forked children
+    compiling one new graph, 2026-12-07). Shut down here, each child makes its own when it needs it."""
+    from torch._inductor.async_compile import AsyncCompile
+
+    if AsyncCompile.pool.cache_info().currsize:
+        AsyncCompile.pool().shutdown(wait=True)
+    AsyncCompile.pool.cache_clear()
 
 
 def _forget_tqdm_lock() -> None:

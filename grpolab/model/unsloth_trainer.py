@@ -57,9 +57,13 @@ def grpo_trainer_class() -> type:
       class silently if a release stops rewriting TRL.
 
     Unsloth must be imported before TRL's trainer modules are used (as grpolab.model.policy does).
-    It also calls `cache_compiled_loss`, so the loss this trainer compiles is cached like any other.
+    It also calls `cache_compiled_loss`, so the loss this trainer compiles is cached like any other,
+    and `compile_each_graph_once`, so labs that start together on a cold cache compile it once.
     """
+    from grpolab.model.compile_once import compile_each_graph_once
+
     cache_compiled_loss()
+    compile_each_graph_once()
     import unsloth  # first: on CUDA this alone rewrites TRL
     import unsloth.models.rl  # noqa: F401  (on CPU: the internal import that runs PatchFastRL)
 
