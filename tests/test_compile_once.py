@@ -8,6 +8,7 @@ compiled it, so the files say how many did.
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,51 @@ def test_children_that_miss_the_cache_together_compile_a_graph_once(tmp_path: Pa
     assert all(count == 1 for count in compiled.values()), (
         f"{CHILDREN} children compiled a graph more than once (files per key): {compiled}"
     )
+
+
+# A compile that fails under the lock, and Dynamo runs the function eagerly and goes on (as it does
+# with `suppress_errors`): the child says so, then stays alive while the test looks at its locks.
+FAILING = """
+import os, sys, time
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = sys.argv[1]
+import torch
+import torch._dynamo
+from torch._inductor.compile_fx import _InProcessFxCompile
+import grpolab.model.unsloth_trainer
+
+grpolab.model.unsloth_trainer.grpo_trainer_class()
+
+
+def fails(*args, **kwargs):
+    raise RuntimeError("a compile that fails")
+
+
+_InProcessFxCompile.codegen_and_compile = fails
+torch._dynamo.config.suppress_errors = True
+print(float(torch.compile(lambda x: x.cos() * 5 + 1)(torch.zeros(3))[0]), flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_compile_that_fails_lets_the_others_go_at_once(tmp_path: Path):
+    from filelock import FileLock, Timeout
+
+    script, cache = tmp_path / "fails.py", tmp_path / "inductor"
+    script.write_text(FAILING)
+    with open(tmp_path / "err", "w") as err:
+        child = fork_server().run(script, [str(cache)], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=err)
+    try:
+        said = child.stdout.readline()
+        assert said.strip() == "6.0", (tmp_path / "err").read_text()[-3000:]  # eager: cos(0) * 5 + 1
+        locks = sorted((cache / "locks").glob("fxgraph-*.lock"))
+        assert locks, "the failing compile took no lock: nothing went through compile_once"
+        for path in locks:  # another process would wait on a lock still held
+            lock = FileLock(path)
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                pytest.fail(f"the child still holds {path.name} after its compile failed")
+            lock.release()
+    finally:
+        child.kill()
+        child.wait(timeout=60)

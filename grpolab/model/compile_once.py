@@ -12,7 +12,8 @@ code generation before it, seconds of CPU a graph, it did eleven times.
 `compile_each_graph_once()` makes a miss take a file lock named by the graph's key, in torch's own
 lock folder, and look again once it holds it: the first process compiles and saves, then lets go; the
 others wait, find the graph saved, and load it. A hit takes no lock, so a warm cache costs nothing
-more. No figure a run computes changes: a graph loaded from the cache is the code the first process
+more; a compile that fails lets go at once (Dynamo may run the function eagerly and go on), and the
+next process compiles it. No figure a run computes changes: a graph loaded from the cache is the code the first process
 generated from the same key, the code each would have generated.
 """
 
@@ -40,10 +41,16 @@ def compile_each_graph_once() -> None:
     with _install:
         if _installed:
             return
+        import torch._inductor.compile_fx as compile_fx
         from filelock import FileLock, Timeout
         from torch._inductor.codecache import FxGraphCache, get_lock_dir
 
-        lookup, save = FxGraphCache.load_with_key, FxGraphCache._save_graph
+        lookup = getattr(FxGraphCache, "load_with_key", None)
+        save = getattr(FxGraphCache, "_save_graph", None)
+        codegen = getattr(compile_fx, "fx_codegen_and_compile", None)
+        if lookup is None or save is None or codegen is None:  # a torch that moved them: as torch does
+            _installed = True  # (tests/test_compile_once.py fails there, saying how many compiled)
+            return
         signature = inspect.signature(lookup)
 
         def load_with_key(key: str, *args: Any, **kwargs: Any) -> tuple[Any, dict]:
@@ -71,6 +78,15 @@ def compile_each_graph_once() -> None:
                 if lock is not None:
                     lock.release()
 
+        def fx_codegen_and_compile(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return codegen(*args, **kwargs)
+            except BaseException:  # a compile that fails (Dynamo may run the code eagerly and go on)
+                while _held:  # lets the others go at once: one of them compiles instead
+                    _held.popitem()[1].release()
+                raise
+
+        compile_fx.fx_codegen_and_compile = fx_codegen_and_compile
         FxGraphCache.load_with_key = staticmethod(load_with_key)
         FxGraphCache._save_graph = staticmethod(save_graph)
         _installed = True
