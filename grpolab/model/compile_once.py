@@ -13,8 +13,8 @@ code generation before it, seconds of CPU a graph, it did eleven times.
 lock folder, and look again once it holds it: the first process compiles and saves, then lets go; the
 others wait, find the graph saved, and load it. A hit takes no lock, so a warm cache costs nothing
 more; a compile that fails lets go at once (Dynamo may run the function eagerly and go on), and the
-next process compiles it. No figure a run computes changes: a graph loaded from the cache is the code the first process
-generated from the same key, the code each would have generated.
+next process compiles it. No figure a run computes changes: a graph loaded from the cache is the code
+the first process generated from the same key, the code each would have generated.
 """
 
 from __future__ import annotations
