@@ -154,6 +154,7 @@ def preload() -> None:
     torch_key()
     CacheBase.get_system()
     compile_masks()
+    _forget_compile_pool()  # whichever step above built a kernel
 
 
 def compile_masks() -> None:
@@ -220,7 +221,6 @@ def compile_masks() -> None:
     finally:
         tqdm.monitor_interval = interval
         _forget_tqdm_lock()
-        _forget_compile_pool()
         gc.collect()
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -55,9 +55,10 @@ def compile_each_graph_once() -> None:
 
         def load_with_key(key: str, *args: Any, **kwargs: Any) -> tuple[Any, dict]:
             graph, info = lookup(key, *args, **kwargs)
-            local = signature.bind(key, *args, **kwargs).arguments.get("local", True)
-            if graph is not None or info.get("cache_state") != "miss" or not local or key in _held:
+            if graph is not None or info.get("cache_state") != "miss" or key in _held:
                 return graph, info
+            if not signature.bind(key, *args, **kwargs).arguments.get("local", True):
+                return graph, info  # no cache on disk to wait for
             lock = FileLock(os.path.join(get_lock_dir(), f"fxgraph-{key}.lock"))
             try:
                 lock.acquire(timeout=LOCK_TIMEOUT_S)
