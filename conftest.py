@@ -800,12 +800,18 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A fresh SQLite MLflow store of the test's own, active through MLFLOW_TRACKING_URI; runs left
     open are ended. (A test module with a `store` fixture of its own uses that one.)"""
     import mlflow
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     from grpolab.lifecycle import tracking
     from grpolab.lifecycle.store import new_sqlite_store
 
     new_sqlite_store(tmp_path / "mlflow.db")  # as a lab's new store starts: the migrated schema, copied
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # Opened once with an artifact root of its own: MLflow gives the Default experiment it makes then
+    # the root it is opened with, else `./mlruns`, and a test's run and traces would land in the
+    # working folder (the checkout) rather than beside its store.
+    SqlAlchemyStore(uri, (tmp_path / "mlruns").as_uri())
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     tracking.use_store()
     yield tmp_path
     while mlflow.active_run():

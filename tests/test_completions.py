@@ -90,29 +90,40 @@ def test_each_logged_group_is_a_trace_of_the_run_with_its_rewards_and_advantages
 
 
 @pytest.mark.slow
-def test_a_steps_groups_reach_the_store_in_one_write_of_their_spans(store, monkeypatch):
-    """MLflow's exporter writes spans five at a time unless told otherwise: a transaction per five
-    completions, most of what a trace cost. The labs' store batches them (tracking.TRACE_SPAN_BATCH),
-    and writes them soon after (TRACE_SPAN_INTERVAL_MS): a process that dies loses its last step's."""
+def test_each_trace_is_written_once_whole_with_its_assessments(store, monkeypatch):
+    """MLflow's exporter writes a trace's spans first, then the trace, whose INSERT then collides with
+    the row the spans made: it merges each assessment apart, most of what a trace cost. The labs' store
+    writes a trace once, whole (tracking.write_traces_whole): no span written apart, one write of the
+    trace with every assessment, and each group read back with all its spans."""
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    written: list[int] = []
-    log_spans = SqlAlchemyStore.log_spans
+    spans_written: list[int] = []
+    traces_written: list[int] = []  # the assessments each trace's write carried
+    log_spans, start_trace = SqlAlchemyStore.log_spans, SqlAlchemyStore.start_trace
 
-    def counted(self, location, spans, *args, **kwargs):
-        written.append(len(spans))
+    def spans_counted(self, location, spans, *args, **kwargs):
+        spans_written.append(len(spans))
         return log_spans(self, location, spans, *args, **kwargs)
 
-    monkeypatch.setattr(SqlAlchemyStore, "log_spans", counted)
+    def traces_counted(self, trace_info, *args, **kwargs):
+        traces_written.append(len(trace_info.assessments))
+        return start_trace(self, trace_info, *args, **kwargs)
+
+    monkeypatch.setattr(SqlAlchemyStore, "log_spans", spans_counted)
+    monkeypatch.setattr(SqlAlchemyStore, "start_trace", traces_counted)
     trainer = SimpleNamespace(_logs=trainer_logs(groups=4, size=8), num_generations=8)
-    with mlflow.start_run():
+    with mlflow.start_run() as run:
         completions.CompletionLog(trainer, max_groups=4).on_log(
             None, SimpleNamespace(global_step=1), None, logs={"rewards/format_reward/mean": 0.2}
         )
         completions.flush()
-    assert sum(written) == 4 * (1 + 8), "every span of the four groups is written"
-    # Two, should the exporter's interval fall within the few milliseconds the groups take.
-    assert len(written) <= 2, f"the spans took {len(written)} writes ({written}): not batched"
+    assert spans_written == [], f"spans were written apart from their trace: {spans_written}"
+    # Each group: its two rewards' means on the trace, and each completion's two rewards and advantage.
+    assert traces_written == [2 + 8 * 3] * 4
+    traces = mlflow.search_traces(
+        locations=[run.info.experiment_id], run_id=run.info.run_id, return_type="list", max_results=100
+    )
+    assert sorted(len(t.data.spans) for t in traces) == [1 + 8] * 4
     assert os.environ["MLFLOW_ASYNC_TRACE_LOGGING_MAX_INTERVAL_MILLIS"] == str(
         tracking.TRACE_SPAN_INTERVAL_MS
     )
