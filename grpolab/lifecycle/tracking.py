@@ -53,13 +53,13 @@ EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_develop
 # How MLflow's exporter writes a trace. By default it writes each span as the batch holding it ends,
 # then the trace: the spans' write has already made the trace's row, so the trace's INSERT collides
 # and MLflow falls back to merging its assessments one at a time (a SELECT and an INSERT each, about
-# 50 for a group of 16). A group trace cost about 70 ms of a 2-core machine's CPU that way, of a CPU
-# step's 1 s (in chapter 8's run, py-spy: 43 of 396 s). Written whole (`write_traces_whole`), as
-# MLflow writes a trace to a store that keeps no spans: one INSERT of the trace with its assessments,
-# its spans the trace's data file beside the run's artifacts; about 15 ms. What the Traces tab and
-# `search_traces` show is the same. The spans reach the exporter at most TRACE_SPAN_BATCH at a time, at
-# least every TRACE_SPAN_INTERVAL_MS (MLflow's 5 s would leave a process that dies, SIGKILL or the
-# OOM killer, without the traces of its last several steps).
+# 26 for a group of 8). Written whole (`write_traces_whole`), as MLflow writes a trace to a store
+# that keeps no spans: one INSERT of the trace with its assessments, its spans the trace's data file
+# beside the run's artifacts. 80 group traces of 8 beside a busy main thread took 5.4 to 6.9 s of CPU
+# the first way, 1.1 s whole (2026-12-07, a 2-core AMD EPYC): about 55 ms less a trace, a few per cent
+# of a CPU lab. What the Traces tab and `search_traces` show is the same. The spans reach the
+# exporter at most TRACE_SPAN_BATCH at a time, at least every TRACE_SPAN_INTERVAL_MS (MLflow's 5 s
+# would leave a process that dies, SIGKILL or the OOM killer, without the traces of its last steps).
 TRACE_SPAN_BATCH = 512
 TRACE_SPAN_INTERVAL_MS = 200
 
