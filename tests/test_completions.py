@@ -129,6 +129,36 @@ def test_each_trace_is_written_once_whole_with_its_assessments(store, monkeypatc
     )
 
 
+@pytest.mark.slow
+def test_two_runs_seeded_alike_in_one_store_keep_their_own_traces(store):
+    """Every lab seeds Python's `random`, from which OpenTelemetry draws trace ids unless MLflow keeps a
+    generator of its own: two runs of one seed in one store wrote the same ids, and the second run took
+    the first's traces (the first's Traces tab empty, each trace holding both runs' assessments)."""
+    import random
+
+    trainer = SimpleNamespace(_logs=trainer_logs(groups=1, size=4), num_generations=4)
+    runs = []
+    for _ in range(2):
+        random.seed(0)  # as transformers' set_seed does at the start of each lab
+        with mlflow.start_run() as run:
+            completions.CompletionLog(trainer, max_groups=1).on_log(
+                None, SimpleNamespace(global_step=1), None, logs={"rewards/format_reward/mean": 0.2}
+            )
+            completions.flush()
+        runs.append(run)
+    found = [
+        mlflow.search_traces(
+            locations=[r.info.experiment_id], run_id=r.info.run_id, return_type="list", max_results=10
+        )
+        for r in runs
+    ]
+    assert [len(traces) for traces in found] == [1, 1], "a run lost its trace to the other"
+    (first,), (second,) = found
+    assert first.info.trace_id != second.info.trace_id
+    # Its group's two reward means, and each of 4 completions' two rewards and advantage: no more.
+    assert len(first.info.assessments) == len(second.info.assessments) == 2 + 4 * 3
+
+
 def test_held_out_completions_of_base_and_adapter_side_by_side(store):
     settings = lab_settings(LAB_DIR, "cpu").replace(task="addition", eval_prompts=3, seed=0)
 

@@ -83,6 +83,17 @@ def write_traces_whole() -> None:
 
     __init__.writes_traces_whole = True  # type: ignore[attr-defined]
     MlflowV3SpanExporter.__init__ = __init__
+    # MLflow's own trace-id generator (use_store says why) forgets itself in a set its module holds;
+    # collected as the interpreter exits, after that module's globals are cleared, it printed
+    # "Exception ignored in ... __del__" at the end of every lab.
+    generator = provider._IsolatedRandomIdGenerator
+
+    def __del__(self) -> None:
+        generators = provider._private_random_generators
+        if generators is not None:
+            generators.discard(self._random)
+
+    generator.__del__ = __del__
     provider.reset()  # an exporter made before this one (tracing already set up) is made again
 
 
@@ -98,6 +109,10 @@ def use_store() -> str:
     # Read when the tracking URI (re)starts MLflow's tracer; a value the user set stays.
     os.environ.setdefault("MLFLOW_ASYNC_TRACE_LOGGING_MAX_SPAN_BATCH_SIZE", str(TRACE_SPAN_BATCH))
     os.environ.setdefault("MLFLOW_ASYNC_TRACE_LOGGING_MAX_INTERVAL_MILLIS", str(TRACE_SPAN_INTERVAL_MS))
+    # Trace ids from a generator of MLflow's own: OpenTelemetry's draws them from Python's `random`,
+    # which every lab seeds, so two runs of one seed in one store wrote the same trace ids, and the
+    # later run took the earlier one's traces (its Traces tab empty, their assessments added up).
+    os.environ.setdefault("MLFLOW_TRACE_USE_ISOLATED_RANDOM_ID_GENERATOR", "true")
     write_traces_whole()
     uri = tracking_uri()
     mlflow.set_tracking_uri(uri)
