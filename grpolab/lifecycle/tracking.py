@@ -83,18 +83,27 @@ def write_traces_whole() -> None:
 
     __init__.writes_traces_whole = True  # type: ignore[attr-defined]
     MlflowV3SpanExporter.__init__ = __init__
-    # MLflow's own trace-id generator (use_store says why) forgets itself in a set its module holds;
-    # collected as the interpreter exits, after that module's globals are cleared, it printed
-    # "Exception ignored in ... __del__" at the end of every lab.
-    generator = provider._IsolatedRandomIdGenerator
+    provider.reset()  # an exporter made before this one (tracing already set up) is made again
 
+
+def isolate_trace_ids() -> None:
+    """Trace ids from a generator of MLflow's own (`MLFLOW_TRACE_USE_ISOLATED_RANDOM_ID_GENERATOR`,
+    unless set). OpenTelemetry's draws them from Python's `random`, which every lab seeds: two runs of
+    one seed in one store wrote the same ids, and the later run took the earlier one's traces (its
+    Traces tab empty, their assessments added up). Read when MLflow next makes its tracer."""
+    from mlflow.tracing import provider
+
+    os.environ.setdefault("MLFLOW_TRACE_USE_ISOLATED_RANDOM_ID_GENERATOR", "true")
+
+    # The generator forgets itself in a set its module holds; collected as the interpreter exits,
+    # after the module's globals are cleared, it printed "Exception ignored in ... __del__" at the end
+    # of every lab.
     def __del__(self) -> None:
         generators = provider._private_random_generators
         if generators is not None:
             generators.discard(self._random)
 
-    generator.__del__ = __del__
-    provider.reset()  # an exporter made before this one (tracing already set up) is made again
+    provider._IsolatedRandomIdGenerator.__del__ = __del__
 
 
 def tracking_uri() -> str:
@@ -109,11 +118,8 @@ def use_store() -> str:
     # Read when the tracking URI (re)starts MLflow's tracer; a value the user set stays.
     os.environ.setdefault("MLFLOW_ASYNC_TRACE_LOGGING_MAX_SPAN_BATCH_SIZE", str(TRACE_SPAN_BATCH))
     os.environ.setdefault("MLFLOW_ASYNC_TRACE_LOGGING_MAX_INTERVAL_MILLIS", str(TRACE_SPAN_INTERVAL_MS))
-    # Trace ids from a generator of MLflow's own: OpenTelemetry's draws them from Python's `random`,
-    # which every lab seeds, so two runs of one seed in one store wrote the same trace ids, and the
-    # later run took the earlier one's traces (its Traces tab empty, their assessments added up).
-    os.environ.setdefault("MLFLOW_TRACE_USE_ISOLATED_RANDOM_ID_GENERATOR", "true")
-    write_traces_whole()
+    isolate_trace_ids()
+    write_traces_whole()  # after isolate_trace_ids: it makes MLflow's tracer again
     uri = tracking_uri()
     mlflow.set_tracking_uri(uri)
     return uri
