@@ -239,6 +239,25 @@ def test_a_policy_that_moved_or_learned_is_not_held_at_the_start():
     assert found == {"held_at_the_start"}, "named once, and not as a flat reward (a higher learning rate)"
 
 
+def test_a_policy_held_at_the_start_is_not_read_as_learning_the_format():
+    """Chapter 8's still arm at 14 steps (seed 0, 2026-12-08): KL 0.0000, held out 73.4% -> 73.4%,
+    and its groups' luck moved the format reward up 0.083 -> 0.088 while correctness went 0.188 ->
+    0.109. The first doctor named reward_hacking beside held_at_the_start, with the opposite step (a
+    smaller learning rate): a policy that never left its start learned nothing, the format included."""
+    still = {
+        "kl": lambda t: 0.00002,
+        "rewards/format_reward/mean": lambda t: 0.083 if t < 0.5 else 0.088,
+        "rewards/correctness_reward/mean": lambda t: 0.188 if t < 0.5 else 0.109,
+        "reward": lambda t: 0.271 if t < 0.5 else 0.197,
+    }
+    held = (EvalResult("base", 64, 0.734, 1.0, 4.0), EvalResult("adapter", 64, 0.734, 1.0, 4.0))
+    values = {**VALUES, "learning_rate": 7e-5, "beta": 0.02, "profile": "cpu"}
+    assert names(diagnose(history(**still), values, set(FLAGS), *held)) == {"held_at_the_start"}
+    # The same trends on a policy that moved are what reward_hacking is for.
+    moved = {**still, "kl": lambda t: 0.05}
+    assert "reward_hacking" in names(diagnose(history(**moved), values, set(FLAGS), *held))
+
+
 def test_a_next_step_with_no_value_is_refused_not_guessed():
     from grpolab.judging.doctor import Finding, next_step
 
