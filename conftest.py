@@ -369,8 +369,10 @@ def run_matrix_quick(background: Background, _: str) -> dict:
 
     out = background.folder("matrix-quick")
     fork_server()  # the suite's, which the matrix forks its forked cell from
+    # Relative, as the README's is: the command runs in the repository root, and the report lands here.
+    relative = os.path.relpath(out, REPO_ROOT)
     result = run_command(
-        README_MATRIX_QUICK.replace("outputs/matrix-quick", str(out)), timeout=WAVE_TIMEOUT_S
+        README_MATRIX_QUICK.replace("outputs/matrix-quick", relative), timeout=WAVE_TIMEOUT_S
     )
     return {"result": result, "out": out}
 

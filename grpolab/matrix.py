@@ -296,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.plan:
         print("\n".join(c.name for c in cells))
         return 0
+    # Each cell's store is a sqlite URI and its lab runs in the repository root: a relative --out
+    # (the README's `outputs/matrix-quick`) is read from where the command was typed.
+    args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     server = None
     if any(c.context == "forked" for c in cells):
