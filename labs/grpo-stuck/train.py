@@ -21,7 +21,7 @@ here (for the mistagged arm, the reward it said to pay in place of the silent on
 grpolab.judging.doctor.reward_swap). Each arm is a run nested under one MLflow run, whose Overview tables cause, finding, fix and
 held-out accuracy before and after.
 
-What it simplifies: short arms (16 steps on the CPU), one process for all arms (an arm's memory peak
+What it simplifies: short arms (14 steps on the CPU), one process for all arms (an arm's memory peak
 includes what earlier ones left), chapter 4's task (lastdigit), whose stand-in knows the task now and
 then. On a GPU, Qwen3-4B with the book's recipe on countdown.
 
