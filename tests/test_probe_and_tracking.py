@@ -203,6 +203,18 @@ def test_the_default_store_is_the_repository_sqlite_file(monkeypatch):
     assert tracking.tracking_uri() == f"sqlite:///{tracking.REPO_ROOT / 'mlflow.db'}"
 
 
+def test_a_relative_store_keeps_its_artifacts_beside_it(tmp_path, monkeypatch):
+    """`MLFLOW_TRACKING_URI=sqlite:///mlflow.db`, MLflow's own example, is a file in the working
+    folder: a chapter's first run there made its experiment with `mlruns/<chapter>` beside it, not
+    "relative path can't be expressed as a file URI" (the README's quick matrix met that too)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    tracking.client()
+    found = tracking.client().get_experiment(tracking.experiment_id("grpo-first"))
+    assert found.artifact_location == (tmp_path / "mlruns" / "grpo-first").as_uri()
+    assert tracking.artifact_location("sqlite:///:memory:", "grpo-first") is None
+
+
 def schema(path) -> list:
     """A SQLite store's tables, indexes and rows, as a list to compare (its experiments' times and
     artifact folders left out: they are the store's own). A statement's clauses are compared as a

@@ -173,10 +173,12 @@ def experiment_id(chapter: str) -> str:
 
 def artifact_location(uri: str, chapter: str) -> str | None:
     """Artifacts beside a SQLite store (mlruns/<chapter> next to the .db file), wherever the
-    lab was started from; a tracking server decides for itself (None)."""
-    if uri.startswith("sqlite:///"):
-        return (Path(uri.removeprefix("sqlite:///")).parent / "mlruns" / chapter).as_uri()
-    return None
+    lab was started from; a tracking server, or a database in memory, decides for itself (None).
+    A relative store (`sqlite:///mlflow.db`, MLflow's own example) is read from the working folder."""
+    from grpolab.lifecycle.store import sqlite_path
+
+    path = sqlite_path(uri)
+    return None if path is None else (path.resolve().parent / "mlruns" / chapter).as_uri()
 
 
 def process_tags() -> dict[str, str]:
